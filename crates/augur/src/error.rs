@@ -1,0 +1,72 @@
+//! The one error type of the library: every failure names what was wrong (file, tensor, field, token).
+
+use std::path::PathBuf;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A model file that is not what it claims to be (bad magic, truncated, corrupt header).
+    #[error("{path}: not a valid {format} file: {reason}")]
+    BadFile {
+        path: PathBuf,
+        format: &'static str,
+        reason: String,
+    },
+
+    #[error("{path}: tensor `{name}` is missing")]
+    MissingTensor { path: PathBuf, name: String },
+
+    #[error("tensor `{name}` has shape {actual:?}, but the config implies {expected:?}")]
+    ShapeMismatch {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+
+    /// A config field (config.json, generation_config.json or GGUF metadata) that is missing or invalid.
+    #[error("config field `{field}`: {reason}")]
+    Config { field: String, reason: String },
+
+    #[error("unknown architecture `{0}` (supported: {supported})", supported = crate::model::SUPPORTED_ARCHITECTURES.join(", "))]
+    UnknownArchitecture(String),
+
+    /// Invalid or conflicting generation options, worded as Transformers words them where it has an error.
+    #[error("{0}")]
+    InvalidOption(String),
+
+    #[error("the prompt has {prompt_tokens} tokens, which does not fit the model's context of {context} tokens")]
+    PromptTooLong { prompt_tokens: usize, context: usize },
+
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+
+    #[error("model `{0}` not found: not a file, a directory, nor a repo id in the local Hugging Face cache")]
+    ModelNotFound(String),
+
+    #[error("could not fetch the default model: {0}")]
+    Fetch(String),
+
+    #[error("tensor computation: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+
+    pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Config { field: field.into(), reason: reason.into() }
+    }
+}

@@ -1,0 +1,12 @@
+//! augur: assisted (speculative) decoding for large language models, with the semantics of
+//! Hugging Face Transformers' `generate()`.
+//!
+//! Data flows one way: files → weights and config → model → logits → processors → verifier → tokens →
+//! detokenizer → caller.
+
+pub mod error;
+pub mod generation;
+pub mod model;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

@@ -1,0 +1,2 @@
+//! Tokenizers: Hugging Face `tokenizer.json`, tokenizers rebuilt from GGUF metadata, chat templates and
+//! streaming detokenization.
