@@ -7,6 +7,7 @@
 pub mod error;
 pub mod generation;
 pub mod model;
+pub mod resolve;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,393 @@
+//! Building blocks shared by the architectures: norms, rotary embeddings, attention over a cuttable cache,
+//! gated MLPs, and the decoder stack that turns blocks into a [`CausalLm`].
+
+use candle_core::{DType, Device, Tensor};
+
+use super::config::{Activation, LayerKind, ModelConfig, RopeLayout, RopeScaling};
+use super::kv_cache::KvCache;
+use super::weights::{Embedding, Linear, Weights};
+use super::{CausalLm, ForwardOptions, ForwardOutput, LogitRows};
+use crate::error::{Error, Result};
+
+/// Root-mean-square norm. Gemma stores `w − 1` in its Hugging Face checkpoints (it scales by `1 + w`), while
+/// llama.cpp's converter already adds the 1: `plus_one` says which form is stored.
+#[derive(Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &Weights, name: &str, dim: usize, eps: f64, plus_one: bool) -> Result<Self> {
+        let mut weight = w.f32(name, &[dim])?;
+        if plus_one && !w.is_gguf() {
+            weight = (weight + 1.0)?;
+        }
+        Ok(Self { weight, eps: eps as f32 })
+    }
+
+    /// Normalizes over the last dimension.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?)
+    }
+}
+
+/// Rotary position embedding: inverse frequencies with the checkpoint's scaling applied.
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    layout: RopeLayout,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, layout: RopeLayout) -> Result<Self> {
+        let half = head_dim / 2;
+        let mut inv_freq: Vec<f64> =
+            (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
+        match scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                let low_wavelen = original_max_position_embeddings / low_freq_factor;
+                let high_wavelen = original_max_position_embeddings / high_freq_factor;
+                for f in inv_freq.iter_mut() {
+                    let wavelen = 2.0 * std::f64::consts::PI / *f;
+                    if wavelen > low_wavelen {
+                        *f /= factor;
+                    } else if wavelen >= high_wavelen {
+                        let smooth = (original_max_position_embeddings / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        *f = (1.0 - smooth) * *f / factor + smooth * *f;
+                    }
+                }
+            }
+            RopeScaling::Factors(factors) => {
+                if factors.len() != half {
+                    return Err(Error::ShapeMismatch {
+                        name: "rope_freqs.weight".into(),
+                        expected: vec![half],
+                        actual: vec![factors.len()],
+                    });
+                }
+                inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= *d as f64);
+            }
+        }
+        Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout })
+    }
+
+    /// `cos` and `sin` for positions `start..start + t`, each `[t, head_dim / 2]`.
+    pub fn cos_sin(&self, start: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(t * half);
+        let mut sin = Vec::with_capacity(t * half);
+        for p in start..start + t {
+            for f in &self.inv_freq {
+                // Angles in f32 as Transformers computes them (positions × inverse frequencies in f32).
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Ok((Tensor::from_vec(cos, (t, half), device)?, Tensor::from_vec(sin, (t, half), device)?))
+    }
+
+    /// `x`: `[1, heads, t, head_dim]`.
+    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        Ok(match self.layout {
+            RopeLayout::Halves => candle_nn::rotary_emb::rope(&x, cos, sin)?,
+            RopeLayout::Interleaved => candle_nn::rotary_emb::rope_i(&x, cos, sin)?,
+        })
+    }
+}
+
+/// Per-forward values shared by every layer: where the block starts and the rotary tables.
+pub struct Step {
+    /// Cache position of the first new token.
+    pub start: usize,
+    /// Number of new tokens.
+    pub len: usize,
+    /// `(cos, sin)` for full-attention layers and for sliding-window layers (which may use another base).
+    pub rope_full: (Tensor, Tensor),
+    pub rope_sliding: (Tensor, Tensor),
+}
+
+/// Multi-head attention with grouped-query heads, optional q/k norms, biases, soft-capping and a sliding
+/// window, over its own [`KvCache`].
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    scale: f64,
+    softcap: Option<f64>,
+    window: Option<usize>,
+    pub cache: KvCache,
+}
+
+impl Attention {
+    /// Loads `{prefix}.{q,k,v,o}_proj` (and `{q,k}_norm` when `qk_norm`).
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig, kind: LayerKind, qk_norm: bool, norm_plus_one: bool) -> Result<Self> {
+        let (h, kv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+        let bias = cfg.attention_bias;
+        let norm = |n: &str| RmsNorm::load(w, &format!("{prefix}.{n}.weight"), d, cfg.rms_norm_eps, norm_plus_one);
+        Ok(Self {
+            q_proj: w.linear(&format!("{prefix}.q_proj"), h * d, cfg.hidden_size, bias)?,
+            k_proj: w.linear(&format!("{prefix}.k_proj"), kv * d, cfg.hidden_size, bias)?,
+            v_proj: w.linear(&format!("{prefix}.v_proj"), kv * d, cfg.hidden_size, bias)?,
+            o_proj: w.linear(&format!("{prefix}.o_proj"), cfg.hidden_size, h * d, false)?,
+            q_norm: if qk_norm { Some(norm("q_norm")?) } else { None },
+            k_norm: if qk_norm { Some(norm("k_norm")?) } else { None },
+            n_heads: h,
+            n_kv_heads: kv,
+            head_dim: d,
+            scale: cfg.attention_scale(),
+            softcap: cfg.attn_logit_softcapping,
+            window: match kind {
+                LayerKind::Sliding => cfg.sliding_window,
+                LayerKind::Full => None,
+            },
+            cache: KvCache::default(),
+        })
+    }
+
+    /// Additive mask `[t, keys]` for queries at `start..start+t` over keys at `first_key..start+t`:
+    /// causal, and within the window when there is one.
+    fn mask(&self, start: usize, t: usize, first_key: usize, device: &Device) -> Result<Tensor> {
+        let keys = start + t - first_key;
+        let mut m = vec![0f32; t * keys];
+        for i in 0..t {
+            let q = start + i;
+            for (j, slot) in m[i * keys..(i + 1) * keys].iter_mut().enumerate() {
+                let k = first_key + j;
+                let visible = k <= q && self.window.is_none_or(|w| q - k < w);
+                if !visible {
+                    *slot = f32::NEG_INFINITY;
+                }
+            }
+        }
+        Ok(Tensor::from_vec(m, (t, keys), device)?)
+    }
+
+    /// `x`: `[1, t, hidden]` at cache positions `step.start..` → `[1, t, hidden]`.
+    pub fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
+        let (_, t, _) = x.dims3()?;
+        let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let q = self.q_proj.forward(x)?.reshape((1, t, h, d))?.transpose(1, 2)?;
+        let k = self.k_proj.forward(x)?.reshape((1, t, kv, d))?.transpose(1, 2)?;
+        let v = self.v_proj.forward(x)?.reshape((1, t, kv, d))?.transpose(1, 2)?;
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            _ => (q, k),
+        };
+        let (rope, (cos, sin)) = if self.window.is_some() {
+            (&ropes.sliding, &step.rope_sliding)
+        } else {
+            (&ropes.full, &step.rope_full)
+        };
+        let q = rope.apply(&q, cos, sin)?;
+        let k = rope.apply(&k, cos, sin)?;
+        if self.cache.len() != step.start {
+            return Err(Error::InvalidOption(format!(
+                "attention cache holds {} positions but the block starts at {}",
+                self.cache.len(),
+                step.start
+            )));
+        }
+        let (k, v) = self.cache.append(&k, &v)?;
+        let first_key = match self.window {
+            Some(w) => (step.start + 1).saturating_sub(w),
+            None => 0,
+        };
+        let (k, v) = if first_key > 0 {
+            let n = step.start + t - first_key;
+            (k.narrow(2, first_key, n)?, v.narrow(2, first_key, n)?)
+        } else {
+            (k, v)
+        };
+        // Grouped-query attention without copying K/V: the `g` query heads that share one KV head become
+        // `g·t` rows against that head. q: [1, kv, g·t, d].
+        let g = h / kv;
+        let q = (q * self.scale)?.reshape((1, kv, g * t, d))?;
+        let mut scores = q.matmul(&k.t()?)?; // [1, kv, g·t, keys]
+        if let Some(cap) = self.softcap {
+            scores = ((scores / cap)?.tanh()? * cap)?;
+        }
+        // A single query sees every key left after the window cut: only blocks need a mask.
+        if t > 1 {
+            let mask = self.mask(step.start, t, first_key, x.device())?;
+            let mask = if g > 1 { Tensor::cat(&vec![&mask; g], 0)? } else { mask };
+            scores = scores.broadcast_add(&mask)?;
+        }
+        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+        let out = probs.matmul(&v.contiguous()?)?; // [1, kv, g·t, d]
+        let out = out.reshape((1, h, t, d))?.transpose(1, 2)?.reshape((1, t, h * d))?;
+        self.o_proj.forward(&out)
+    }
+}
+
+/// Gated feed-forward: `down(act(gate(x)) · up(x))`.
+pub struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    act: Activation,
+}
+
+impl Mlp {
+    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
+        let (hs, is) = (cfg.hidden_size, cfg.intermediate_size);
+        Ok(Self {
+            gate: w.linear(&format!("{prefix}.gate_proj"), is, hs, false)?,
+            up: w.linear(&format!("{prefix}.up_proj"), is, hs, false)?,
+            down: w.linear(&format!("{prefix}.down_proj"), hs, is, false)?,
+            act: cfg.hidden_act,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(x)?;
+        let gate = match self.act {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
+        self.down.forward(&(gate * self.up.forward(x)?)?)
+    }
+}
+
+/// One decoder layer of an architecture.
+pub trait Block: Send {
+    /// `x`: `[1, t, hidden]` → `[1, t, hidden]`, appending to the layer's cache.
+    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor>;
+    fn cache(&mut self) -> &mut KvCache;
+}
+
+/// The rotary tables of full-attention and sliding-window layers.
+pub struct Ropes {
+    pub full: Rope,
+    pub sliding: Rope,
+}
+
+impl Ropes {
+    pub fn new(cfg: &ModelConfig) -> Result<Self> {
+        let full = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?;
+        let sliding = match cfg.rope_local_base_freq {
+            // Gemma 3's local layers use their own base and no scaling.
+            Some(base) => Rope::new(cfg.head_dim, base, &RopeScaling::None, cfg.rope_layout)?,
+            None => Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?,
+        };
+        Ok(Self { full, sliding })
+    }
+}
+
+/// Embeddings → blocks → final norm → LM head: the shape every supported architecture shares.
+pub struct Decoder<B: Block> {
+    pub cfg: ModelConfig,
+    pub embed: Embedding,
+    /// Gemma multiplies embeddings by `sqrt(hidden_size)`.
+    pub embed_scale: Option<f64>,
+    pub layers: Vec<B>,
+    pub norm: RmsNorm,
+    pub lm_head: Linear,
+    pub ropes: Ropes,
+    pub device: Device,
+    len: usize,
+}
+
+impl<B: Block> Decoder<B> {
+    pub fn new(
+        cfg: ModelConfig,
+        w: &Weights,
+        layers: Vec<B>,
+        embed_scale: Option<f64>,
+        norm_plus_one: bool,
+    ) -> Result<Self> {
+        let embed = w.embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.as_linear()?
+        } else {
+            w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?
+        };
+        let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, cfg.rms_norm_eps, norm_plus_one)?;
+        let ropes = Ropes::new(&cfg)?;
+        Ok(Self { embed, embed_scale, layers, norm, lm_head, ropes, device: w.device().clone(), cfg, len: 0 })
+    }
+}
+
+impl<B: Block> CausalLm for Decoder<B> {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn cache_len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        for l in self.layers.iter_mut() {
+            l.cache().truncate(len);
+        }
+    }
+
+    fn forward(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let t = tokens.len();
+        if t == 0 {
+            return Err(Error::InvalidOption("forward called with no tokens".into()));
+        }
+        let vocab = self.cfg.vocab_size as u32;
+        if let Some(bad) = tokens.iter().find(|&&id| id >= vocab) {
+            return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
+        }
+        let start = self.len;
+        if start + t > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { prompt_tokens: start + t, context: self.cfg.max_position_embeddings });
+        }
+        let n_layers = opts.exit_layer.unwrap_or(self.layers.len());
+        if n_layers == 0 || n_layers > self.layers.len() {
+            return Err(Error::InvalidOption(format!(
+                "exit layer {n_layers} is outside 1..={}",
+                self.layers.len()
+            )));
+        }
+        let ids = Tensor::new(tokens, &self.device)?;
+        let mut x = self.embed.forward(&ids)?.unsqueeze(0)?; // [1, t, hidden]
+        if let Some(s) = self.embed_scale {
+            x = (x * s)?;
+        }
+        let step = Step {
+            start,
+            len: t,
+            rope_full: self.ropes.full.cos_sin(start, t, &self.device)?,
+            rope_sliding: self.ropes.sliding.cos_sin(start, t, &self.device)?,
+        };
+        for layer in self.layers.iter_mut().take(n_layers) {
+            x = layer.forward(&x, &step, &self.ropes)?;
+        }
+        if opts.exit_layer.is_none() {
+            self.len = start + t;
+        }
+        let x = x.squeeze(0)?; // [t, hidden]
+        let rows = match &opts.logits {
+            LogitRows::All => Some(x.clone()),
+            LogitRows::Last => Some(x.narrow(0, t - 1, 1)?),
+            LogitRows::None => None,
+        };
+        let hidden = if opts.hidden_states { Some(self.norm.forward(&x)?) } else { None };
+        let logits = match rows {
+            Some(r) => {
+                let mut l = self.lm_head.forward(&self.norm.forward(&r)?)?;
+                if let Some(cap) = self.cfg.final_logit_softcapping {
+                    l = ((l / cap)?.tanh()? * cap)?;
+                }
+                Some(l.to_dtype(DType::F32)?)
+            }
+            None => None,
+        };
+        Ok(ForwardOutput { logits, hidden })
+    }
+}

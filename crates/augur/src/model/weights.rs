@@ -1,0 +1,327 @@
+//! Weights from a GGUF file (quantized tensors, llama.cpp names) or a Hugging Face directory (safetensors,
+//! single or sharded). Model files ask for tensors by their Hugging Face names; GGUF names are derived here,
+//! in one place.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::config::Architecture;
+use crate::error::{Error, Result};
+
+enum Source {
+    Gguf { content: Arc<gguf_file::Content>, file: memmap2::Mmap },
+    Safetensors { tensors: candle_core::safetensors::MmapedSafetensors },
+}
+
+pub struct Weights {
+    source: Source,
+    path: PathBuf,
+    arch: Architecture,
+    device: Device,
+}
+
+/// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense f32.
+#[derive(Clone)]
+pub struct Linear {
+    weight: QMatMul,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// `x`: `[.., in]` → `[.., out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = self.weight.forward(x)?;
+        Ok(match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        })
+    }
+}
+
+/// Token embeddings `[vocab, hidden]`; quantized tables stay quantized and are looked up row by row.
+#[derive(Clone)]
+pub enum Embedding {
+    Dense(Tensor),
+    Quantized(Arc<QTensor>),
+}
+
+impl Embedding {
+    /// `ids`: `[k]` → `[k, hidden]` f32.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            Embedding::Dense(t) => t.embedding(ids)?,
+            Embedding::Quantized(q) => q.embedding(ids)?,
+        })
+    }
+
+    /// The same table as an LM head (tied embeddings).
+    pub fn as_linear(&self) -> Result<Linear> {
+        let weight = match self {
+            Embedding::Dense(t) => QMatMul::Tensor(t.clone()),
+            Embedding::Quantized(q) => QMatMul::from_arc(q.clone())?,
+        };
+        Ok(Linear { weight, bias: None })
+    }
+}
+
+/// llama.cpp's name for a Hugging Face tensor name.
+fn gguf_name(arch: Architecture, hf: &str) -> String {
+    match hf {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let Some(rest) = hf.strip_prefix("model.layers.") else { return hf.to_string() };
+    let Some((layer, rest)) = rest.split_once('.') else { return hf.to_string() };
+    let (module, suffix) = rest.rsplit_once('.').unwrap_or((rest, ""));
+    let g = match module {
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if arch == Architecture::Gemma3 => "post_attention_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffw_norm",
+        other => other,
+    };
+    format!("blk.{layer}.{g}.{suffix}")
+}
+
+fn gguf_error(path: &Path, reason: impl ToString) -> Error {
+    Error::BadFile { path: path.to_path_buf(), format: "GGUF", reason: reason.to_string() }
+}
+
+impl Weights {
+    /// Opens a GGUF file and checks that every tensor it lists lies inside the file.
+    pub fn open_gguf(path: &Path, device: &Device) -> Result<(Self, Arc<gguf_file::Content>)> {
+        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let content = gguf_file::Content::read(&mut f).map_err(|e| gguf_error(path, e))?;
+        // SAFETY: the file is opened read-only and not modified while mapped; a concurrent truncation by
+        // another process is outside what this library can guard against, as for every mmap user.
+        let file = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
+        let data_len = (file.len() as u64).saturating_sub(content.tensor_data_offset);
+        for (name, info) in &content.tensor_infos {
+            let elems = info.shape.elem_count();
+            let block = info.ggml_dtype.block_size();
+            if elems % block != 0 {
+                return Err(gguf_error(path, format!("tensor `{name}` has {elems} elements, not a multiple of its block size {block}")));
+            }
+            let size = (elems / block * info.ggml_dtype.type_size()) as u64;
+            if info.offset + size > data_len {
+                return Err(gguf_error(
+                    path,
+                    format!(
+                        "truncated: tensor `{name}` ends at byte {} of the tensor data, which holds only {data_len} bytes",
+                        info.offset + size
+                    ),
+                ));
+            }
+        }
+        let arch_name = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .ok_or_else(|| Error::config("general.architecture", format!("missing from {}", path.display())))?;
+        let arch = Architecture::parse(&arch_name)?;
+        let content = Arc::new(content);
+        Ok((
+            Weights {
+                source: Source::Gguf { content: content.clone(), file },
+                path: path.to_path_buf(),
+                arch,
+                device: device.clone(),
+            },
+            content,
+        ))
+    }
+
+    /// Opens `model.safetensors` or the shards listed by `model.safetensors.index.json` in `dir`.
+    pub fn open_safetensors(dir: &Path, arch: Architecture, device: &Device) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+                path: index.clone(),
+                format: "safetensors index",
+                reason: e.to_string(),
+            })?;
+            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::BadFile {
+                path: index.clone(),
+                format: "safetensors index",
+                reason: "no `weight_map` object".into(),
+            })?;
+            let mut shards: Vec<PathBuf> =
+                map.values().filter_map(|v| v.as_str()).map(|s| dir.join(s)).collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else {
+            return Err(Error::io(
+                &single,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors nor model.safetensors.index.json"),
+            ));
+        };
+        for f in &files {
+            if !f.exists() {
+                return Err(Error::io(f, std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing")));
+            }
+        }
+        // SAFETY: the files are mapped read-only and not modified while mapped.
+        let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| {
+            Error::BadFile { path: dir.to_path_buf(), format: "safetensors", reason: e.to_string() }
+        })?;
+        Ok(Weights { source: Source::Safetensors { tensors }, path: dir.to_path_buf(), arch, device: device.clone() })
+    }
+
+    pub fn is_gguf(&self) -> bool {
+        matches!(self.source, Source::Gguf { .. })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn stored_name(&self, hf: &str) -> String {
+        match self.source {
+            Source::Gguf { .. } => gguf_name(self.arch, hf),
+            Source::Safetensors { .. } => hf.to_string(),
+        }
+    }
+
+    pub fn contains(&self, hf: &str) -> bool {
+        let name = self.stored_name(hf);
+        match &self.source {
+            Source::Gguf { content, .. } => content.tensor_infos.contains_key(&name),
+            Source::Safetensors { tensors } => tensors.get(&name).is_ok(),
+        }
+    }
+
+    fn missing(&self, name: String) -> Error {
+        Error::MissingTensor { path: self.path.clone(), name }
+    }
+
+    fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
+        if actual != expected {
+            return Err(Error::ShapeMismatch { name: name.to_string(), expected: expected.to_vec(), actual: actual.to_vec() });
+        }
+        Ok(())
+    }
+
+    fn qtensor(&self, content: &gguf_file::Content, file: &memmap2::Mmap, name: &str, shape: &[usize]) -> Result<QTensor> {
+        let info = content.tensor_infos.get(name).ok_or_else(|| self.missing(name.to_string()))?;
+        Self::check_shape(name, info.shape.dims(), shape)?;
+        let mut cursor = std::io::Cursor::new(&file[..]);
+        Ok(info.read(&mut cursor, content.tensor_data_offset, &self.device).map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))?)
+    }
+
+    /// A tensor dequantized or converted to f32, with its shape checked.
+    pub fn f32(&self, hf: &str, shape: &[usize]) -> Result<Tensor> {
+        let name = self.stored_name(hf);
+        match &self.source {
+            Source::Gguf { content, file } => Ok(self.qtensor(content, file, &name, shape)?.dequantize(&self.device)?),
+            Source::Safetensors { tensors } => {
+                let view = tensors.get(&name).map_err(|_| self.missing(name.clone()))?;
+                Self::check_shape(&name, view.shape(), shape)?;
+                let t = tensors.load(&name, &self.device)?;
+                Ok(t.to_dtype(DType::F32)?)
+            }
+        }
+    }
+
+    /// Weights used in products: quantized tensors stay quantized, the rest become dense f32
+    /// (bf16 is widened once here rather than on every product, see the CPU notes).
+    fn matrix(&self, hf: &str, shape: &[usize]) -> Result<Arc<QTensor>> {
+        let name = self.stored_name(hf);
+        match &self.source {
+            Source::Gguf { content, file } => Ok(Arc::new(self.qtensor(content, file, &name, shape)?)),
+            Source::Safetensors { .. } => unreachable!("dense weights do not go through QTensor"),
+        }
+    }
+
+    pub fn linear(&self, hf_prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
+        let wname = format!("{hf_prefix}.weight");
+        let weight = if self.is_gguf() {
+            QMatMul::from_arc(self.matrix(&wname, &[out_dim, in_dim])?)?
+        } else {
+            QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?)
+        };
+        let bias = if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None };
+        Ok(Linear { weight, bias })
+    }
+
+    pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        if self.is_gguf() {
+            let q = self.matrix(hf, &[vocab, hidden])?;
+            if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+                Ok(Embedding::Dense(q.dequantize(&self.device)?))
+            } else {
+                Ok(Embedding::Quantized(q))
+            }
+        } else {
+            Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?))
+        }
+    }
+
+    /// Quantization types of the stored tensors with their counts, for `augur info`.
+    pub fn dtype_summary(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        match &self.source {
+            Source::Gguf { content, .. } => {
+                for info in content.tensor_infos.values() {
+                    *out.entry(format!("{:?}", info.ggml_dtype)).or_default() += 1;
+                }
+            }
+            Source::Safetensors { tensors } => {
+                for (_, view) in tensors.tensors() {
+                    *out.entry(format!("{:?}", view.dtype())).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Number of parameters stored.
+    pub fn parameter_count(&self) -> usize {
+        match &self.source {
+            Source::Gguf { content, .. } => content.tensor_infos.values().map(|i| i.shape.elem_count()).sum(),
+            Source::Safetensors { tensors } => {
+                tensors.tensors().iter().map(|(_, v)| v.shape().iter().product::<usize>()).sum()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_names_follow_llama_cpp() {
+        let a = Architecture::Llama;
+        assert_eq!(gguf_name(a, "model.layers.3.self_attn.q_proj.weight"), "blk.3.attn_q.weight");
+        assert_eq!(gguf_name(a, "model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
+        assert_eq!(gguf_name(a, "model.layers.1.post_attention_layernorm.weight"), "blk.1.ffn_norm.weight");
+        assert_eq!(
+            gguf_name(Architecture::Gemma3, "model.layers.1.post_attention_layernorm.weight"),
+            "blk.1.post_attention_norm.weight"
+        );
+        assert_eq!(gguf_name(a, "model.embed_tokens.weight"), "token_embd.weight");
+        assert_eq!(gguf_name(a, "lm_head.weight"), "output.weight");
+    }
+}
