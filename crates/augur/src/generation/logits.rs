@@ -1,0 +1,516 @@
+//! Logits processing in Transformers' order (`_get_logits_processor`): repetition penalty, minimum-length EOS
+//! suppression, then, when sampling, the warpers Temperature → TopK → TopP → MinP.
+//!
+//! Each step reproduces the torch code's semantics on a single row of f32 logits; filtered entries become `-inf`.
+//! Sorting is avoided where torch sorts: top-k uses a selection, top-p sorts only the tokens that could survive.
+
+use super::config::GenerationConfig;
+use crate::error::Result;
+
+const NEG_INF: f32 = f32::NEG_INFINITY;
+
+/// The processors `generate()` would apply for one configuration and prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogitsProcessor {
+    repetition_penalty: Option<f32>,
+    eos_token_ids: Vec<u32>,
+    /// EOS is suppressed while the context (prompt included) is shorter than this.
+    min_length: usize,
+    prompt_len: usize,
+    warpers: Option<Warpers>,
+}
+
+/// The sampling warpers; each is `None` when Transformers would not install it.
+#[derive(Debug, Clone, PartialEq)]
+struct Warpers {
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    /// `(top_p, removal threshold 1 - top_p)`.
+    top_p: Option<(f32, f32)>,
+    min_p: Option<f32>,
+}
+
+/// `min_tokens_to_keep` for single-sequence (non-beam) sampling.
+const MIN_TOKENS_TO_KEEP: usize = 1;
+
+impl LogitsProcessor {
+    /// Builds the processors for `config` and a prompt of `prompt_len` tokens (for `min_new_tokens`). Errors as
+    /// [`GenerationConfig::validate`].
+    pub fn new(config: &GenerationConfig, prompt_len: usize) -> Result<Self> {
+        config.validate()?;
+        let warpers = config.do_sample.then(|| Warpers {
+            temperature: (config.temperature != 1.0).then_some(config.temperature),
+            top_k: (config.top_k != 0).then_some(config.top_k),
+            top_p: (config.top_p < 1.0).then(|| (config.top_p, top_p_removal_threshold(config.top_p))),
+            min_p: config.min_p,
+        });
+        Ok(LogitsProcessor {
+            repetition_penalty: (config.repetition_penalty != 1.0).then_some(config.repetition_penalty),
+            eos_token_ids: config.eos_token_id.clone(),
+            min_length: config.min_length_for(prompt_len),
+            prompt_len,
+            warpers,
+        })
+    }
+
+    /// Processes the logits for the next position. `context` is every token so far, prompt and generated (for a
+    /// speculative block: the prompt, accepted tokens and the drafts before this position).
+    pub fn process(&self, context: &[u32], logits: &mut [f32]) {
+        if let Some(penalty) = self.repetition_penalty {
+            apply_repetition_penalty(logits, context, penalty);
+        }
+        if context.len() < self.min_length {
+            suppress_tokens(logits, &self.eos_token_ids);
+        }
+        if let Some(w) = &self.warpers {
+            if let Some(t) = w.temperature {
+                apply_temperature(logits, t);
+            }
+            if let Some(k) = w.top_k {
+                top_k_filter(logits, k, MIN_TOKENS_TO_KEEP);
+            }
+            if let Some((_, threshold)) = w.top_p {
+                top_p_filter_with_threshold(logits, threshold, MIN_TOKENS_TO_KEEP);
+            }
+            if let Some(m) = w.min_p {
+                min_p_filter(logits, m, MIN_TOKENS_TO_KEEP);
+            }
+        }
+    }
+
+    /// Whether the next token is sampled (else it is the argmax).
+    pub fn do_sample(&self) -> bool {
+        self.warpers.is_some()
+    }
+
+    /// True when [`process`](Self::process) changes nothing for a context of this length, so callers can skip it.
+    pub fn is_noop(&self, context_len: usize) -> bool {
+        self.repetition_penalty.is_none()
+            && (self.eos_token_ids.is_empty() || context_len >= self.min_length)
+            && self.warpers.as_ref().is_none_or(|w| {
+                w.temperature.is_none() && w.top_k.is_none() && w.top_p.is_none() && w.min_p.is_none()
+            })
+    }
+
+    /// True for greedy decoding that the processors never affect (no repetition penalty, no minimum length beyond
+    /// the prompt): the argmax of the raw logits is the answer at every position.
+    pub fn is_identity_for_greedy(&self) -> bool {
+        !self.do_sample()
+            && self.repetition_penalty.is_none()
+            && (self.eos_token_ids.is_empty() || self.min_length <= self.prompt_len)
+    }
+}
+
+/// Transformers' `RepetitionPenaltyLogitsProcessor`: every distinct token of `context` gets `score * penalty` when
+/// its score is negative, else `score / penalty`, once. Ids outside the vocabulary are ignored.
+pub fn apply_repetition_penalty(logits: &mut [f32], context: &[u32], penalty: f32) {
+    let mut seen = vec![0u64; logits.len().div_ceil(64)];
+    for &id in context {
+        let i = id as usize;
+        if i >= logits.len() {
+            continue;
+        }
+        let (word, bit) = (i / 64, 1u64 << (i % 64));
+        if seen[word] & bit != 0 {
+            continue;
+        }
+        seen[word] |= bit;
+        let s = logits[i];
+        logits[i] = if s < 0.0 { s * penalty } else { s / penalty };
+    }
+}
+
+/// Sets the given tokens to `-inf` (EOS before the minimum length). Ids outside the vocabulary are ignored.
+pub fn suppress_tokens(logits: &mut [f32], ids: &[u32]) {
+    for &id in ids {
+        if let Some(s) = logits.get_mut(id as usize) {
+            *s = NEG_INF;
+        }
+    }
+}
+
+/// `TemperatureLogitsWarper`: divides by the temperature.
+pub fn apply_temperature(logits: &mut [f32], temperature: f32) {
+    for s in logits.iter_mut() {
+        *s /= temperature;
+    }
+}
+
+/// `TopKLogitsWarper`: removes every score strictly below the k-th largest, so ties with the k-th are kept.
+/// `k` is raised to `min_tokens_to_keep`; a `k` at least the vocabulary size keeps everything.
+pub fn top_k_filter(logits: &mut [f32], k: usize, min_tokens_to_keep: usize) {
+    let k = k.max(min_tokens_to_keep).max(1);
+    if k >= logits.len() {
+        return;
+    }
+    let mut scratch = logits.to_vec();
+    // Descending selection; NaN sorts first, as the largest, like torch.topk.
+    let (_, kth, _) = scratch.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    let kth = *kth;
+    for s in logits.iter_mut() {
+        if *s < kth {
+            *s = NEG_INF;
+        }
+    }
+}
+
+/// `1 - top_p`, computed as Python does: in double precision from the decimal value the user wrote, then compared
+/// against float32 cumulative probabilities. Going through the f32 (`1.0 - 0.9f32`) would move the boundary by an ulp.
+fn top_p_removal_threshold(top_p: f32) -> f32 {
+    let decimal: f64 = format!("{top_p}").parse().unwrap_or(top_p as f64);
+    (1.0 - decimal) as f32
+}
+
+/// `TopPLogitsWarper`: in ascending order of score, removes tokens while the cumulative probability (the token's own
+/// included) is `<= 1 - top_p`, keeping at least the `min_tokens_to_keep` most likely tokens.
+///
+/// On equal scores at the cut, torch's order is unspecified (an unstable sort); here the lower token id is kept.
+pub fn top_p_filter(logits: &mut [f32], top_p: f32, min_tokens_to_keep: usize) {
+    top_p_filter_with_threshold(logits, top_p_removal_threshold(top_p), min_tokens_to_keep);
+}
+
+fn top_p_filter_with_threshold(logits: &mut [f32], threshold: f32, min_tokens_to_keep: usize) {
+    let n = logits.len();
+    let keep_min = min_tokens_to_keep.max(1);
+    if n <= keep_min {
+        return;
+    }
+    let Some((max, inv_sum)) = softmax_params(logits) else {
+        return; // torch's probabilities would be NaN and nothing would compare as removable
+    };
+    let prob = |x: f32| (x - max).exp() * inv_sum;
+
+    // Tokens below `floor` are removed whatever happens: all of them together hold at most half the threshold and
+    // they come first in ascending order. Only the others need sorting, usually a small fraction of the vocabulary.
+    let floor = (threshold.max(0.0) as f64 / (2.0 * n as f64)) as f32;
+    let mut base = 0.0f64;
+    let mut candidates: Vec<(f32, u32)> = Vec::new();
+    for (i, &x) in logits.iter().enumerate() {
+        let p = prob(x);
+        if p >= floor {
+            candidates.push((x, i as u32));
+        } else {
+            base += p as f64;
+        }
+    }
+    if candidates.len() < keep_min {
+        // Only possible with a threshold above 1 (top_p < 0): treat every token as a candidate.
+        base = 0.0;
+        candidates = logits.iter().enumerate().map(|(i, &x)| (x, i as u32)).collect();
+    }
+    let lowest_candidate = candidates.iter().map(|c| c.0).fold(f32::INFINITY, f32::min);
+
+    // Ascending by score; among equal scores the higher id first, so it is the one removed.
+    candidates.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    let removable = candidates.len() - keep_min;
+    // Cumulative sum accumulated in double and stored as float32, as torch's CPU cumsum does.
+    let mut cumulative = base;
+    let mut removed = 0;
+    for &(x, _) in &candidates[..removable] {
+        cumulative += prob(x) as f64;
+        if (cumulative as f32) <= threshold {
+            removed += 1;
+        } else {
+            break; // the sum only grows
+        }
+    }
+    for &(_, i) in &candidates[..removed] {
+        logits[i as usize] = NEG_INF;
+    }
+    for s in logits.iter_mut() {
+        if *s < lowest_candidate {
+            *s = NEG_INF;
+        }
+    }
+}
+
+/// `MinPLogitsWarper`: removes tokens whose probability is below `min_p` times the top probability, keeping at least
+/// the `min_tokens_to_keep` most likely tokens.
+pub fn min_p_filter(logits: &mut [f32], min_p: f32, min_tokens_to_keep: usize) {
+    let Some((max, inv_sum)) = softmax_params(logits) else {
+        return;
+    };
+    let top_prob = inv_sum; // exp(max - max) * inv_sum
+    let scaled = min_p * top_prob;
+    // The k-th largest score: tokens at or above it are always kept (only needed when k > 1).
+    let keep_from = if min_tokens_to_keep > 1 && min_tokens_to_keep < logits.len() {
+        let mut scratch = logits.to_vec();
+        let (_, kth, _) = scratch.select_nth_unstable_by(min_tokens_to_keep - 1, |a, b| b.total_cmp(a));
+        *kth
+    } else {
+        max
+    };
+    for s in logits.iter_mut() {
+        if *s < keep_from && (*s - max).exp() * inv_sum < scaled {
+            *s = NEG_INF;
+        }
+    }
+}
+
+/// Max score and 1/Σexp(x−max) of a row, for probabilities computed as torch does (`exp(x−max) * (1/sum)` in f32).
+/// `None` when torch's softmax would be NaN (a NaN score, +inf, or no finite score).
+fn softmax_params(logits: &[f32]) -> Option<(f32, f32)> {
+    let mut max = NEG_INF;
+    for &x in logits {
+        if x.is_nan() {
+            return None;
+        }
+        max = max.max(x);
+    }
+    if !max.is_finite() {
+        return None;
+    }
+    let sum: f64 = logits.iter().map(|&x| (x - max).exp() as f64).sum();
+    Some((max, (1.0 / sum) as f32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generation::sampler::softmax;
+
+    fn kept(logits: &[f32]) -> Vec<usize> {
+        logits.iter().enumerate().filter(|(_, x)| x.is_finite()).map(|(i, _)| i).collect()
+    }
+
+    fn sampling(f: impl FnOnce(&mut GenerationConfig)) -> GenerationConfig {
+        let mut c = GenerationConfig { do_sample: true, top_k: 0, ..GenerationConfig::default() };
+        f(&mut c);
+        c
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative_once() {
+        let mut logits = vec![2.0, -2.0, 1.0, 3.0];
+        apply_repetition_penalty(&mut logits, &[0, 1, 0, 1, 0, 9], 2.0);
+        assert_eq!(logits, vec![1.0, -4.0, 1.0, 3.0]);
+
+        // A penalty below 1 rewards: positive scores grow, negative ones shrink towards 0.
+        let mut logits = vec![2.0, -2.0, 0.0];
+        apply_repetition_penalty(&mut logits, &[0, 1, 2], 0.5);
+        assert_eq!(logits, vec![4.0, -1.0, 0.0]);
+    }
+
+    #[test]
+    fn processor_penalises_the_whole_context_including_the_prompt() {
+        let c = GenerationConfig { repetition_penalty: 1.25, ..GenerationConfig::default() };
+        let p = LogitsProcessor::new(&c, 2).unwrap();
+        let mut logits = vec![5.0, -1.0, 5.0];
+        p.process(&[1, 0], &mut logits);
+        assert_eq!(logits, vec![4.0, -1.25, 5.0]);
+        assert!(!p.is_noop(2));
+        assert!(!p.is_identity_for_greedy());
+    }
+
+    #[test]
+    fn min_new_tokens_suppresses_every_eos_until_reached() {
+        let c = GenerationConfig { min_new_tokens: Some(2), eos_token_id: vec![1, 3, 99], ..Default::default() };
+        let p = LogitsProcessor::new(&c, 3).unwrap();
+        let prompt = [7, 7, 7];
+        let mut logits = vec![0.0; 4];
+        p.process(&prompt, &mut logits);
+        assert_eq!(logits, vec![0.0, NEG_INF, 0.0, NEG_INF]);
+        let mut logits = vec![0.0; 4];
+        p.process(&[7, 7, 7, 0], &mut logits);
+        assert_eq!(logits, vec![0.0, NEG_INF, 0.0, NEG_INF], "1 new token < 2");
+        let mut logits = vec![0.0; 4];
+        p.process(&[7, 7, 7, 0, 0], &mut logits);
+        assert_eq!(logits, vec![0.0; 4]);
+        assert!(!p.is_noop(4));
+        assert!(p.is_noop(5));
+        assert!(!p.is_identity_for_greedy());
+
+        // min_length counts the prompt.
+        let c = GenerationConfig { min_length: Some(4), eos_token_id: vec![0], ..Default::default() };
+        let p = LogitsProcessor::new(&c, 3).unwrap();
+        let mut logits = vec![1.0, 2.0];
+        p.process(&[5, 5, 5], &mut logits);
+        assert_eq!(logits, vec![NEG_INF, 2.0]);
+        let mut logits = vec![1.0, 2.0];
+        p.process(&[5, 5, 5, 1], &mut logits);
+        assert_eq!(logits, vec![1.0, 2.0]);
+
+        // Without EOS ids there is nothing to suppress.
+        let c = GenerationConfig { min_new_tokens: Some(2), ..Default::default() };
+        assert!(LogitsProcessor::new(&c, 3).unwrap().is_identity_for_greedy());
+    }
+
+    #[test]
+    fn greedy_ignores_warpers() {
+        let c = GenerationConfig { temperature: 0.5, top_k: 1, top_p: 0.1, min_p: Some(0.9), ..Default::default() };
+        let p = LogitsProcessor::new(&c, 0).unwrap();
+        assert!(p.is_identity_for_greedy());
+        assert!(p.is_noop(0));
+        let mut logits = vec![1.0, 2.0, 3.0];
+        p.process(&[], &mut logits);
+        assert_eq!(logits, vec![1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn temperature_divides() {
+        let p = LogitsProcessor::new(&sampling(|c| c.temperature = 0.5), 0).unwrap();
+        let mut logits = vec![1.0, -2.0, 0.25];
+        p.process(&[], &mut logits);
+        assert_eq!(logits, vec![2.0, -4.0, 0.5]);
+        assert!(p.do_sample());
+        assert!(!p.is_identity_for_greedy());
+    }
+
+    #[test]
+    fn top_k_keeps_ties_with_the_kth_value() {
+        let mut logits = vec![1.0, 3.0, 2.0, 3.0, 2.0, 0.0];
+        top_k_filter(&mut logits, 2, 1);
+        assert_eq!(kept(&logits), vec![1, 3]);
+
+        let mut logits = vec![1.0, 3.0, 2.0, 3.0, 2.0, 0.0];
+        top_k_filter(&mut logits, 3, 1);
+        assert_eq!(kept(&logits), vec![1, 2, 3, 4], "the 3rd value is 2.0 and both 2.0 stay");
+        assert_eq!(logits[2], 2.0, "kept values are unchanged");
+
+        let mut logits = vec![1.0, 3.0, 2.0];
+        top_k_filter(&mut logits, 10, 1);
+        assert_eq!(kept(&logits), vec![0, 1, 2]);
+
+        // min_tokens_to_keep raises k.
+        let mut logits = vec![1.0, 3.0, 2.0];
+        top_k_filter(&mut logits, 1, 2);
+        assert_eq!(kept(&logits), vec![1, 2]);
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_top_p() {
+        // Probabilities 0.1, 0.3, 0.6 (ascending cumulative 0.1, 0.4, 1.0).
+        let base = [1f32.ln(), 3f32.ln(), 6f32.ln()];
+        for (top_p, expect) in [(0.5, vec![2]), (0.7, vec![1, 2]), (0.95, vec![0, 1, 2]), (0.0, vec![2])] {
+            let mut logits = base.to_vec();
+            top_p_filter(&mut logits, top_p, 1);
+            assert_eq!(kept(&logits), expect, "top_p = {top_p}");
+        }
+    }
+
+    #[test]
+    fn top_p_boundary_removes_cumulative_equal_to_one_minus_top_p() {
+        // Four equal tokens: probabilities exactly 0.25. With top_p 0.75 the first cumulative sum equals 1 - 0.75
+        // exactly and `<=` removes it; Python computes 1 - 0.75 in double, which is exact here.
+        let mut logits = vec![0.0f32; 4];
+        top_p_filter(&mut logits, 0.75, 1);
+        assert_eq!(kept(&logits), vec![0, 1, 2], "the higher id goes first among ties");
+
+        // 0.9 as typed: Python's threshold is (1 - 0.9) = 0.09999999999999998 → float32 0.1, not 1 - 0.9f32.
+        assert_eq!(top_p_removal_threshold(0.9), 0.1f32);
+        assert_ne!(1.0 - 0.9f32, 0.1f32);
+    }
+
+    #[test]
+    fn top_p_prefilter_matches_a_full_sort_on_a_large_vocabulary() {
+        // A pseudo-random 50k vocabulary: compare with a straightforward full-sort implementation.
+        let n = 50_000;
+        let mut state = 12345u64;
+        let logits: Vec<f32> = (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) as f32 / (1u64 << 31) as f32) * 12.0 - 6.0
+            })
+            .collect();
+        for top_p in [0.5f32, 0.9, 0.99] {
+            let mut fast = logits.clone();
+            top_p_filter(&mut fast, top_p, 1);
+
+            let (max, inv) = softmax_params(&logits).unwrap();
+            let threshold = top_p_removal_threshold(top_p);
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)));
+            let mut reference = logits.clone();
+            let mut cumulative = 0.0f64;
+            for &i in &order[..n - 1] {
+                cumulative += ((logits[i] - max).exp() * inv) as f64;
+                if (cumulative as f32) <= threshold {
+                    reference[i] = NEG_INF;
+                }
+            }
+            assert_eq!(kept(&fast), kept(&reference), "top_p = {top_p}");
+            let mass: f32 = kept(&fast).iter().map(|&i| (logits[i] - max).exp() * inv).sum();
+            assert!(mass >= top_p - 1e-4, "kept mass {mass} must reach top_p {top_p}");
+        }
+    }
+
+    #[test]
+    fn min_p_is_relative_to_the_top_probability() {
+        // Probabilities 0.5, 0.3, 0.15, 0.05: with min_p 0.2 the cut is 0.1.
+        let base = [0.5f32.ln(), 0.3f32.ln(), 0.15f32.ln(), 0.05f32.ln()];
+        let mut logits = base.to_vec();
+        min_p_filter(&mut logits, 0.2, 1);
+        assert_eq!(kept(&logits), vec![0, 1, 2]);
+        let mut logits = base.to_vec();
+        min_p_filter(&mut logits, 0.7, 1);
+        assert_eq!(kept(&logits), vec![0]);
+        let mut logits = base.to_vec();
+        min_p_filter(&mut logits, 1.0, 1);
+        assert_eq!(kept(&logits), vec![0], "the top token is always kept");
+        let mut logits = base.to_vec();
+        min_p_filter(&mut logits, 0.7, 2);
+        assert_eq!(kept(&logits), vec![0, 1], "min_tokens_to_keep");
+    }
+
+    #[test]
+    fn warpers_run_in_transformers_order() {
+        // Temperature 0.5 first sharpens [ln 1, ln 2, ln 3, ln 4] to probabilities ∝ 1, 4, 9, 16 (/30); top-k 3
+        // drops token 0; top-p 0.6 over 4/29, 9/29, 16/29 (cumulative 0.138, 0.448) drops token 1; min-p 0.6
+        // (cut 0.6·0.64 = 0.384 of the renormalised 9/25, 16/25) drops token 2.
+        let c = sampling(|c| {
+            c.temperature = 0.5;
+            c.top_k = 3;
+            c.top_p = 0.6;
+            c.min_p = Some(0.6);
+        });
+        let p = LogitsProcessor::new(&c, 0).unwrap();
+        let mut logits: Vec<f32> = [1f32, 2.0, 3.0, 4.0].iter().map(|x| x.ln()).collect();
+        p.process(&[], &mut logits);
+        assert_eq!(kept(&logits), vec![3]);
+
+        // Without min-p tokens 2 and 3 survive, with the tempered scores.
+        let c = sampling(|c| {
+            c.temperature = 0.5;
+            c.top_k = 3;
+            c.top_p = 0.6;
+        });
+        let p = LogitsProcessor::new(&c, 0).unwrap();
+        let mut logits: Vec<f32> = [1f32, 2.0, 3.0, 4.0].iter().map(|x| x.ln()).collect();
+        p.process(&[], &mut logits);
+        assert_eq!(kept(&logits), vec![2, 3]);
+        let probs = softmax(&logits);
+        assert!((probs[3] - 16.0 / 25.0).abs() < 1e-5, "{probs:?}");
+    }
+
+    #[test]
+    fn repetition_penalty_runs_before_temperature() {
+        let c = sampling(|c| {
+            c.repetition_penalty = 2.0;
+            c.temperature = 2.0;
+        });
+        let p = LogitsProcessor::new(&c, 1).unwrap();
+        let mut logits = vec![4.0, -4.0];
+        p.process(&[0, 1], &mut logits);
+        assert_eq!(logits, vec![1.0, -4.0]);
+    }
+
+    #[test]
+    fn invalid_config_is_rejected() {
+        assert!(LogitsProcessor::new(&sampling(|c| c.temperature = 0.0), 0).is_err());
+        assert!(LogitsProcessor::new(&GenerationConfig { repetition_penalty: -1.0, ..Default::default() }, 0).is_err());
+    }
+
+    #[test]
+    fn degenerate_rows_do_not_panic() {
+        let mut all_masked = vec![NEG_INF; 5];
+        top_k_filter(&mut all_masked, 2, 1);
+        top_p_filter(&mut all_masked, 0.5, 1);
+        min_p_filter(&mut all_masked, 0.5, 1);
+        assert!(all_masked.iter().all(|x| *x == NEG_INF));
+        let mut empty: Vec<f32> = vec![];
+        top_k_filter(&mut empty, 2, 1);
+        top_p_filter(&mut empty, 0.5, 1);
+        min_p_filter(&mut empty, 0.5, 1);
+        apply_repetition_penalty(&mut empty, &[3], 1.2);
+    }
+}

@@ -1,0 +1,236 @@
+//! Picking tokens: argmax, softmax and a seeded multinomial sampler.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::config::GenerationConfig;
+
+/// Index of the largest value, the first one on ties (as `torch.argmax`). A NaN counts as the largest value, as in
+/// torch. Returns 0 for an empty slice.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        if x.is_nan() {
+            return i as u32;
+        }
+        if x > best_value {
+            best = i;
+            best_value = x;
+        }
+    }
+    best as u32
+}
+
+/// Numerically stable softmax; `-inf` logits get probability 0.
+///
+/// Degenerate inputs, where torch returns NaN: all `-inf` gives all zeros, and `+inf` logits share the mass equally.
+/// A NaN logit makes every probability NaN, as in torch.
+pub fn softmax(logits: &[f32]) -> Vec<f32> {
+    let mut probs = logits.to_vec();
+    softmax_in_place(&mut probs);
+    probs
+}
+
+/// [`softmax`] without allocating.
+pub fn softmax_in_place(values: &mut [f32]) {
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        if values.iter().any(|x| x.is_nan()) {
+            values.fill(f32::NAN);
+        } else {
+            values.fill(0.0);
+        }
+        return;
+    }
+    if max == f32::INFINITY {
+        let n = values.iter().filter(|&&x| x == f32::INFINITY).count() as f32;
+        for v in values.iter_mut() {
+            *v = if *v == f32::INFINITY { 1.0 / n } else if v.is_nan() { f32::NAN } else { 0.0 };
+        }
+        return;
+    }
+    // Exponentials in f32 like torch; the sum in f64 so that 150k small terms do not lose precision.
+    let mut sum = 0.0f64;
+    for v in values.iter_mut() {
+        let e = (*v - max).exp();
+        *v = e;
+        sum += e as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in values.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Random source for sampling and for speculative acceptance tests. A fixed seed gives reproducible draws for a given
+/// build (the generator is `rand`'s `StdRng`); it cannot reproduce torch's random stream.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    rng: StdRng,
+}
+
+impl Sampler {
+    /// `None` seeds from the operating system.
+    pub fn new(seed: Option<u64>) -> Self {
+        let rng = match seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::from_os_rng(),
+        };
+        Sampler { rng }
+    }
+
+    /// Draws an index with probability proportional to `probs` (as `torch.multinomial(probs, 1)`; the weights need
+    /// not sum to 1). Zero, negative and NaN weights are never drawn. If no weight is positive and finite, there is
+    /// nothing to sample from (torch raises); the argmax is returned instead so decoding can go on.
+    pub fn sample(&mut self, probs: &[f32]) -> u32 {
+        let total: f64 = probs.iter().filter(|p| **p > 0.0).map(|&p| p as f64).sum();
+        if !(total > 0.0 && total.is_finite()) {
+            return argmax(probs);
+        }
+        let u = self.rng.random::<f64>() * total;
+        let mut acc = 0.0f64;
+        let mut last_positive = 0usize;
+        for (i, &p) in probs.iter().enumerate() {
+            if p > 0.0 {
+                acc += p as f64;
+                last_positive = i;
+                if u < acc {
+                    return i as u32;
+                }
+            }
+        }
+        // Rounding can leave `u` a hair above the running sum; the last drawable index is the right answer then.
+        last_positive as u32
+    }
+
+    /// Softmax of `logits`, then [`Sampler::sample`].
+    pub fn sample_logits(&mut self, logits: &[f32]) -> u32 {
+        self.sample(&softmax(logits))
+    }
+
+    /// Uniform in [0, 1), for the speculative acceptance test `r <= p/q`.
+    pub fn uniform(&mut self) -> f32 {
+        self.rng.random::<f32>()
+    }
+}
+
+/// The next token from processed logits: a sample when `config.do_sample`, else the argmax (Transformers' `_sample`).
+pub fn sample_or_argmax(config: &GenerationConfig, sampler: &mut Sampler, logits: &[f32]) -> u32 {
+    if config.do_sample {
+        sampler.sample_logits(logits)
+    } else {
+        argmax(logits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NEG_INF: f32 = f32::NEG_INFINITY;
+
+    #[test]
+    fn argmax_takes_first_of_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[NEG_INF, NEG_INF, -1.0]), 2);
+        assert_eq!(argmax(&[NEG_INF, NEG_INF]), 0);
+        assert_eq!(argmax(&[1.0, f32::NAN, 5.0]), 1, "torch treats NaN as the maximum");
+        assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn softmax_values_and_infinities() {
+        let p = softmax(&[0.0, 2f32.ln(), NEG_INF]);
+        assert!((p[0] - 1.0 / 3.0).abs() < 1e-6);
+        assert!((p[1] - 2.0 / 3.0).abs() < 1e-6);
+        assert_eq!(p[2], 0.0);
+
+        // Large logits must not overflow.
+        let p = softmax(&[1000.0, 1000.0, 999.0]);
+        let e = (-1.0f32).exp();
+        assert!((p[0] - 1.0 / (2.0 + e)).abs() < 1e-6);
+        assert!((p[2] - e / (2.0 + e)).abs() < 1e-6);
+
+        assert_eq!(softmax(&[NEG_INF, NEG_INF]), vec![0.0, 0.0]);
+        assert_eq!(softmax(&[f32::INFINITY, 1.0, f32::INFINITY]), vec![0.5, 0.0, 0.5]);
+        assert!(softmax(&[1.0, f32::NAN]).iter().all(|p| p.is_nan()));
+    }
+
+    #[test]
+    fn seeded_sampler_is_reproducible() {
+        let probs = [0.1, 0.2, 0.3, 0.4];
+        let mut a = Sampler::new(Some(7));
+        let mut b = Sampler::new(Some(7));
+        let xs: Vec<u32> = (0..100).map(|_| a.sample(&probs)).collect();
+        let ys: Vec<u32> = (0..100).map(|_| b.sample(&probs)).collect();
+        assert_eq!(xs, ys);
+        let us: Vec<f32> = (0..10).map(|_| a.uniform()).collect();
+        let vs: Vec<f32> = (0..10).map(|_| b.uniform()).collect();
+        assert_eq!(us, vs);
+        let mut c = Sampler::new(Some(8));
+        let zs: Vec<u32> = (0..100).map(|_| c.sample(&probs)).collect();
+        assert_ne!(xs, zs, "another seed gives another stream");
+    }
+
+    #[test]
+    fn sample_follows_the_probabilities() {
+        // Chi-square goodness of fit, 4 categories (3 degrees of freedom): 16.27 is the 0.1% critical value.
+        let probs = [0.1f32, 0.2, 0.3, 0.4];
+        let n = 20_000;
+        let mut counts = [0usize; 4];
+        let mut s = Sampler::new(Some(1234));
+        for _ in 0..n {
+            counts[s.sample(&probs) as usize] += 1;
+        }
+        let chi2: f64 = counts
+            .iter()
+            .zip(probs)
+            .map(|(&c, p)| {
+                let expected = n as f64 * p as f64;
+                (c as f64 - expected).powi(2) / expected
+            })
+            .sum();
+        assert!(chi2 < 16.27, "chi2 = {chi2}, counts = {counts:?}");
+    }
+
+    #[test]
+    fn sample_never_draws_zero_weight_and_accepts_unnormalised_weights() {
+        let mut s = Sampler::new(Some(3));
+        let weights = [0.0, 3.0, 0.0, 1.0, 0.0];
+        let mut counts = [0usize; 5];
+        for _ in 0..4000 {
+            counts[s.sample(&weights) as usize] += 1;
+        }
+        assert_eq!(counts[0] + counts[2] + counts[4], 0);
+        assert!((2800..3200).contains(&counts[1]), "{counts:?}");
+        // Nothing drawable: falls back to the argmax instead of panicking.
+        assert_eq!(s.sample(&[0.0, 0.0]), 0);
+        assert_eq!(s.sample(&[0.0, f32::INFINITY, 1.0]), 1);
+    }
+
+    #[test]
+    fn uniform_is_in_unit_interval() {
+        let mut s = Sampler::new(Some(11));
+        let mut sum = 0.0;
+        for _ in 0..10_000 {
+            let u = s.uniform();
+            assert!((0.0..1.0).contains(&u));
+            sum += u as f64;
+        }
+        assert!((sum / 10_000.0 - 0.5).abs() < 0.02);
+    }
+
+    #[test]
+    fn sample_or_argmax_follows_do_sample() {
+        let logits = [0.0, 2.0, 1.0];
+        let mut s = Sampler::new(Some(0));
+        let greedy = GenerationConfig::default();
+        assert_eq!(sample_or_argmax(&greedy, &mut s, &logits), 1);
+        let sampling = GenerationConfig { do_sample: true, ..GenerationConfig::default() };
+        let draws: Vec<u32> = (0..200).map(|_| sample_or_argmax(&sampling, &mut s, &logits)).collect();
+        assert!(draws.iter().any(|&t| t != 1), "sampling must sometimes leave the argmax");
+        let top = draws.iter().filter(|&&t| t == 1).count();
+        assert!((110..160).contains(&top), "p(argmax) = 0.665, got {top}/200");
+    }
+}
