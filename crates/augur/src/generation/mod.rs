@@ -1,6 +1,13 @@
-//! Generation: options, logits processing, sampling, stopping and the decoding loops.
+//! Generation: options, logits processing, sampling, stopping, and the decoding loops (plain and
+//! speculative) with their drafters.
 
 pub mod config;
+pub mod decode;
+pub mod draft_length;
+pub mod drafters;
 pub mod logits;
+pub mod output;
 pub mod sampler;
+pub mod speculative;
 pub mod stopping;
+pub mod verify;

@@ -374,7 +374,10 @@ impl<B: Block> CausalLm for Decoder<B> {
         let x = x.squeeze(0)?; // [t, hidden]
         let rows = match &opts.logits {
             LogitRows::All => Some(x.clone()),
-            LogitRows::Last => Some(x.narrow(0, t - 1, 1)?),
+            LogitRows::Last(n) => {
+                let n = (*n).clamp(1, t);
+                Some(x.narrow(0, t - n, n)?)
+            }
             LogitRows::None => None,
         };
         let hidden = if opts.hidden_states { Some(self.norm.forward(&x)?) } else { None };

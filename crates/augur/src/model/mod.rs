@@ -25,7 +25,8 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3"];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogitRows {
     All,
-    Last,
+    /// The last `n` positions (a verification block needs `drafts + 1`).
+    Last(usize),
     None,
 }
 
