@@ -35,7 +35,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
-use super::Tokenizer;
+use super::{special_ids, Tokenizer};
 use crate::error::{Error, Result};
 
 /// `tokenizer.ggml.pre` values this module knows how to rebuild for byte-level BPE vocabularies.
@@ -239,6 +239,7 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
     }
     let name = |id: Option<u32>| id.map(|i| tokens[i as usize].clone());
     Ok(Tokenizer {
+        special_ids: special_ids(&inner),
         inner,
         kind,
         bos_token: name(bos),

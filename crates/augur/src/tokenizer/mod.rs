@@ -8,6 +8,7 @@ mod chat;
 mod gguf;
 mod stream;
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file;
@@ -35,6 +36,9 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     /// Transformers' `clean_up_tokenization_spaces` (" ." → "." …), applied after decoding.
     clean_up_tokenization_spaces: bool,
+    /// Ids of special added tokens, kept apart because `tokenizers` only hands out a copy of its
+    /// whole added-token table.
+    special_ids: HashSet<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -173,6 +177,7 @@ impl Tokenizer {
 
         let kind = describe(&inner);
         Ok(Tokenizer {
+            special_ids: special_ids(&inner),
             inner,
             kind,
             bos_token,
@@ -241,10 +246,7 @@ impl Tokenizer {
 
     /// Whether `id` is a special added token (skipped by `decode(.., skip_special_tokens = true)`).
     pub fn is_special(&self, id: u32) -> bool {
-        self.inner
-            .get_added_tokens_decoder()
-            .get(&id)
-            .is_some_and(|t| t.special)
+        self.special_ids.contains(&id)
     }
 
     /// Short description of the algorithm, for `augur info`.
@@ -327,6 +329,15 @@ pub(crate) fn clean_up_tokenization(text: &str) -> String {
         .replace(" 's", "'s")
         .replace(" 've", "'ve")
         .replace(" 're", "'re")
+}
+
+fn special_ids(inner: &tokenizers::Tokenizer) -> HashSet<u32> {
+    inner
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(id, _)| id)
+        .collect()
 }
 
 /// "byte-level BPE", "SentencePiece BPE", … from the model type and the decoder.
