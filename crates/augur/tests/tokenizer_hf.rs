@@ -62,10 +62,7 @@ fn qwen_tokenizer_dir() {
     assert_eq!(tok.pad_token_id(), Some(151643));
     let ids = tok.encode_chat(&[ChatMessage::user("Hello, 世界!")], true).unwrap();
     assert_eq!(ids[0], 151644);
-    assert_eq!(
-        tok.decode(&ids, false).unwrap(),
-        "<|im_start|>user\nHello, 世界!<|im_end|>\n<|im_start|>assistant\n"
-    );
+    assert_eq!(tok.decode(&ids, false).unwrap(), "<|im_start|>user\nHello, 世界!<|im_end|>\n<|im_start|>assistant\n");
     assert_eq!(tok.decode(&ids, true).unwrap(), "user\nHello, 世界!\nassistant\n");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -89,8 +86,11 @@ fn gemma_tokenizer_dir_and_add_bos_token() {
     assert_eq!(tok.decode(&ids, false).unwrap(), "<bos>Hello  world");
 
     // add_bos_token = false in the config overrides tokenizer.json's template, as GemmaTokenizerFast does.
-    std::fs::write(dir.join("tokenizer_config.json"), config.replace(r#""add_bos_token": true"#, r#""add_bos_token": false"#))
-        .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        config.replace(r#""add_bos_token": true"#, r#""add_bos_token": false"#),
+    )
+    .unwrap();
     let tok = Tokenizer::from_hf_dir(&dir).unwrap();
     assert!(!tok.add_bos_token());
     assert_eq!(tok.encode("Hello", true).unwrap(), tok.encode("Hello", false).unwrap());

@@ -120,10 +120,8 @@ fn environment() -> Environment<'static> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
     env.add_function("strftime_now", |format: String| -> std::result::Result<Value, minijinja::Error> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         strftime(&format, now).map(Value::from)
     });
     env.add_filter("tojson", tojson);
@@ -255,7 +253,17 @@ fn write_json(v: &Value, o: &JsonOpts, depth: usize, out: &mut String) -> std::r
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
 const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
@@ -373,9 +381,7 @@ mod tests {
         tok.set_chat_template(Some(
             "{%- for message in messages %}\n    {%- if message.role == 'system' %}\n        {{- '[S]' + message.content.strip() }}\n    {%- else %}\n        {{- '[' + message['role'].upper() + ']' + message.content }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '[A]' }}\n{%- endif %}\n".into(),
         ));
-        let text = tok
-            .apply_chat_template(&[ChatMessage::system("  sys  "), ChatMessage::user("u")], true)
-            .unwrap();
+        let text = tok.apply_chat_template(&[ChatMessage::system("  sys  "), ChatMessage::user("u")], true).unwrap();
         assert_eq!(text, "[S]sys[USER]u[A]");
         // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before it.
         tok.set_chat_template(Some("{% for m in messages %}\n  {% if m.content.startswith('x') %}\n{{ m.content }}\n  {% endif %}\n{% endfor %}".into()));
@@ -401,7 +407,9 @@ mod tests {
     #[test]
     fn raise_exception_and_missing_template() {
         let mut tok = byte_level_tokenizer();
-        tok.set_chat_template(Some("{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok".into()));
+        tok.set_chat_template(Some(
+            "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok".into(),
+        ));
         let err = tok.apply_chat_template(&[ChatMessage::assistant("a")], false).unwrap_err();
         assert!(matches!(err, Error::ChatTemplate(ref m) if m.contains("first must be user")), "{err}");
         assert_eq!(tok.apply_chat_template(&[ChatMessage::user("a")], false).unwrap(), "ok");
