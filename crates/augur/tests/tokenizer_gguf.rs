@@ -76,6 +76,42 @@ fn corpus() -> Vec<String> {
     c
 }
 
+/// Deterministic pseudo-random strings over a pool mixing scripts, digits, punctuation, whitespace
+/// runs and special-token fragments, to catch pre-tokenizer and merge-order differences a fixed
+/// corpus misses.
+fn random_corpus(n: usize, seed: u64, specials: &[&str]) -> Vec<String> {
+    let pool: Vec<&str> = vec![
+        "a", "e", "the", " the", "The", "ing", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "'s", "'T", "'ll", "0",
+        "1", "23", "456", "7890", ".", ",", "!", "?", "-", "_", "(", ")", "{", "}", "<", ">", "/", "\\", "\"", "#",
+        "$", "%", "&", "*", "=", "+", "|", "~", "`", "é", "ñ", "ß", "Ω", "ж", "我", "们", "日本", "語", "한", "ا", "ह",
+        "ก", "😀", "👍🏽", "🇫🇷", "\u{200d}", "\u{a0}", "\u{3000}", "▁", "Ġ", "<0x0A>", "fn", "def", "return", "://",
+        "http", "\u{301}", "e\u{301}", "Å", "ﬁ", "\u{0}",
+    ];
+    let mut state = seed;
+    let mut next = move || {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    (0..n)
+        .map(|_| {
+            let len = (next() % 40) as usize;
+            let mut s = String::new();
+            for _ in 0..len {
+                let r = next();
+                if !specials.is_empty() && r % 23 == 0 {
+                    s.push_str(specials[(r / 23) as usize % specials.len()]);
+                } else {
+                    s.push_str(pool[(r % pool.len() as u64) as usize]);
+                }
+            }
+            s
+        })
+        .collect()
+}
+
 fn check_against_reference(tok: &Tokenizer, reference: &tokenizers::Tokenizer, texts: &[String]) {
     let mut failures = Vec::new();
     for text in texts {
@@ -135,6 +171,12 @@ fn qwen25_gguf_matches_tokenizer_json() {
         assert!(tok.is_special(id));
     }
     assert!(!tok.is_special(151657), "<tool_call> is user-defined, not special");
+    // Known difference: a GGUF only says "control", so the FIM/repo tokens become special here while
+    // tokenizer.json has them as plain added tokens: decode(.., skip_special_tokens=true) drops them.
+    let fim_prefix = 151659;
+    assert!(tok.is_special(fim_prefix));
+    assert_eq!(reference.decode(&[fim_prefix], true).unwrap(), "<|fim_prefix|>");
+    assert_eq!(tok.decode(&[fim_prefix], true).unwrap(), "");
 
     let mut texts = corpus();
     texts.extend(
@@ -146,6 +188,11 @@ fn qwen25_gguf_matches_tokenizer_json() {
         ]
         .map(String::from),
     );
+    texts.extend(random_corpus(
+        400,
+        0x9E37_79B9_7F4A_7C15,
+        &["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>"],
+    ));
     check_against_reference(&tok, &reference, &texts);
 
     // The rendered chat template is tokenized without adding specials again.
@@ -175,6 +222,11 @@ fn gemma3_gguf_matches_tokenizer_json() {
     for id in [0u32, 1, 2, 3, 105, 106] {
         assert!(tok.is_special(id), "{id}");
     }
+    // Known differences in the special flag (encoding is unaffected): the GGUF marks <mask> and the
+    // 6241 <unusedN> tokens as control (special), and <start_of_image>/<end_of_image> as
+    // user-defined; tokenizer.json has it the other way round.
+    assert!(tok.is_special(6) && tok.id_to_token(6).as_deref() == Some("<unused0>"));
+    assert!(!tok.is_special(255999) && tok.id_to_token(255999).as_deref() == Some("<start_of_image>"));
 
     let mut texts = corpus();
     texts.extend(
@@ -188,18 +240,24 @@ fn gemma3_gguf_matches_tokenizer_json() {
         ]
         .map(String::from),
     );
+    texts.extend(random_corpus(
+        400,
+        0xD1B5_4A32_D192_ED03,
+        &["<start_of_turn>", "<end_of_turn>", "<bos>", "<b>", "<eos>"],
+    ));
     check_against_reference(&tok, &reference, &texts);
 }
 
 #[test]
-fn smollm2_gguf_round_trips() {
+fn smollm2_gguf_tokenizer_round_trips() {
     let tok = gguf_tokenizer(&model_file("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"));
     assert_eq!(tok.kind(), "byte-level BPE (pre-tokenizer `smollm`)");
     assert_eq!(tok.bos_token_id(), Some(1));
     assert_eq!(tok.eos_token_ids(), &[2]);
     assert!(!tok.add_bos_token());
     assert_eq!(tok.vocab_size(), 49152);
-    for text in corpus() {
+    let texts = corpus().into_iter().chain(random_corpus(300, 0x2545_F491_4F6C_DD1D, &["<|im_start|>", "<|im_end|>"]));
+    for text in texts {
         let ids = tok.encode(&text, true).unwrap();
         assert!(tok.decode(&ids, false).unwrap() == text, "round trip of {text:?}");
         let mut s = tok.stream(false);
@@ -218,9 +276,7 @@ fn smollm2_gguf_round_trips() {
     assert_eq!(tok.decode(&hello, false).unwrap(), "Hello");
     assert_eq!(tok.id_to_token(hello[0]).as_deref(), Some("Hello"));
     assert_eq!(tok.encode("<|im_start|>user", false).unwrap()[0], 1);
-    let text = tok
-        .apply_chat_template(&[augur::tokenizer::ChatMessage::user("Hi")], true)
-        .unwrap();
+    let text = tok.apply_chat_template(&[augur::tokenizer::ChatMessage::user("Hi")], true).unwrap();
     assert!(text.starts_with("<|im_start|>system\n"), "{text}");
     assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
 }

@@ -77,19 +77,35 @@ fn template_error(e: minijinja::Error) -> Error {
 }
 
 fn render(template: &str, messages: &[ChatMessage], add_generation_prompt: bool, tok: &Tokenizer) -> Result<String> {
+    let specials = [
+        ("bos_token", tok.bos_token()),
+        ("eos_token", tok.eos_token()),
+        ("pad_token", tok.pad_token()),
+        ("unk_token", tok.unk_token()),
+    ];
+    render_with(template, messages, add_generation_prompt, &specials)
+}
+
+/// Renders with the given special tokens as variables (absent ones stay undefined, as in
+/// Transformers, which passes only the tokens the tokenizer has).
+fn render_with(
+    template: &str,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    specials: &[(&str, Option<&str>)],
+) -> Result<String> {
     let env = environment();
     let tmpl = env.template_from_str(template).map_err(template_error)?;
-    let opt = |s: Option<&str>| s.map(Value::from).unwrap_or(Value::UNDEFINED);
-    let ctx = minijinja::context! {
-        messages => Value::from_serialize(messages),
-        add_generation_prompt => add_generation_prompt,
-        tools => Value::from(()),
-        documents => Value::from(()),
-        bos_token => opt(tok.bos_token()),
-        eos_token => opt(tok.eos_token()),
-        pad_token => opt(tok.pad_token()),
-        unk_token => opt(tok.unk_token()),
-    };
+    let mut ctx = std::collections::BTreeMap::new();
+    ctx.insert("messages", Value::from_serialize(messages));
+    ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
+    ctx.insert("tools", Value::from(()));
+    ctx.insert("documents", Value::from(()));
+    for (name, value) in specials {
+        if let Some(v) = value {
+            ctx.insert(name, Value::from(*v));
+        }
+    }
     tmpl.render(ctx).map_err(template_error)
 }
 
@@ -104,13 +120,17 @@ fn environment() -> Environment<'static> {
         Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
     });
     env.add_function("strftime_now", |format: String| -> std::result::Result<Value, minijinja::Error> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         strftime(&format, now).map(Value::from)
     });
     env.add_filter("tojson", tojson);
+    // Python prints booleans and None capitalized.
+    env.set_formatter(|out, state, value| match value.kind() {
+        ValueKind::Bool => Ok(out.write_str(if value.is_true() { "True" } else { "False" })?),
+        ValueKind::None => Ok(out.write_str("None")?),
+        _ => minijinja::escape_formatter(out, state, value),
+    });
     env
 }
 
@@ -233,7 +253,17 @@ fn write_json(v: &Value, o: &JsonOpts, depth: usize, out: &mut String) -> std::r
 }
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
 const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
@@ -351,9 +381,7 @@ mod tests {
         tok.set_chat_template(Some(
             "{%- for message in messages %}\n    {%- if message.role == 'system' %}\n        {{- '[S]' + message.content.strip() }}\n    {%- else %}\n        {{- '[' + message['role'].upper() + ']' + message.content }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '[A]' }}\n{%- endif %}\n".into(),
         ));
-        let text = tok
-            .apply_chat_template(&[ChatMessage::system("  sys  "), ChatMessage::user("u")], true)
-            .unwrap();
+        let text = tok.apply_chat_template(&[ChatMessage::system("  sys  "), ChatMessage::user("u")], true).unwrap();
         assert_eq!(text, "[S]sys[USER]u[A]");
         // trim_blocks drops the newline after a block tag; lstrip_blocks the indentation before it.
         tok.set_chat_template(Some("{% for m in messages %}\n  {% if m.content.startswith('x') %}\n{{ m.content }}\n  {% endif %}\n{% endfor %}".into()));
@@ -379,7 +407,9 @@ mod tests {
     #[test]
     fn raise_exception_and_missing_template() {
         let mut tok = byte_level_tokenizer();
-        tok.set_chat_template(Some("{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok".into()));
+        tok.set_chat_template(Some(
+            "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok".into(),
+        ));
         let err = tok.apply_chat_template(&[ChatMessage::assistant("a")], false).unwrap_err();
         assert!(matches!(err, Error::ChatTemplate(ref m) if m.contains("first must be user")), "{err}");
         assert_eq!(tok.apply_chat_template(&[ChatMessage::user("a")], false).unwrap(), "ok");
@@ -388,6 +418,40 @@ mod tests {
         tok.set_chat_template(None);
         let err = tok.apply_chat_template(&[ChatMessage::user("a")], true).unwrap_err();
         assert!(matches!(err, Error::ChatTemplate(ref m) if m.contains("no chat template")), "{err}");
+    }
+
+    /// Templates in `testdata/` rendered by Jinja2 with Transformers' environment
+    /// (`testdata/render_chat.py` writes `chat_expected.jsonl`); minijinja must agree exactly.
+    #[test]
+    fn templates_render_like_jinja2() {
+        let templates = [
+            ("gemma", include_str!("testdata/gemma.jinja")),
+            ("llama", include_str!("testdata/llama.jinja")),
+            ("misc", include_str!("testdata/misc.jinja")),
+        ];
+        let convs = [
+            vec![
+                ChatMessage::system("  Be terse.\n"),
+                ChatMessage::user("Hi a b!"),
+                ChatMessage::assistant("Hello.\n\n"),
+                ChatMessage::user("  日本語? 😀\n"),
+            ],
+            vec![ChatMessage::user("only user")],
+        ];
+        let specials = [("bos_token", Some("<bos>")), ("eos_token", Some("<eos>"))];
+        let mut checked = 0;
+        for line in include_str!("testdata/chat_expected.jsonl").lines() {
+            let (name, conv, agp, expected): (String, usize, bool, String) = serde_json::from_str(line).unwrap();
+            let template = templates.iter().find(|(n, _)| *n == name).unwrap().1;
+            let got = render_with(template, &convs[conv], agp, &specials).unwrap();
+            assert_eq!(got, expected, "template {name}, conversation {conv}, add_generation_prompt {agp}");
+            checked += 1;
+        }
+        assert_eq!(checked, 12);
+        // Gemma's template refuses non-alternating roles through raise_exception.
+        let err = render_with(templates[0].1, &[ChatMessage::user("a"), ChatMessage::user("b")], false, &specials)
+            .unwrap_err();
+        assert!(err.to_string().contains("Conversation roles must alternate"), "{err}");
     }
 
     #[test]

@@ -23,8 +23,8 @@ use tokenizers::decoders::sequence::Sequence as DecoderSequence;
 use tokenizers::decoders::strip::Strip;
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::normalizers::{unicode::NFC, Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::normalizers::{unicode::NFC, Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence as PreSequence;
@@ -35,7 +35,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
-use super::Tokenizer;
+use super::{special_ids, Tokenizer};
 use crate::error::{Error, Result};
 
 /// `tokenizer.ggml.pre` values this module knows how to rebuild for byte-level BPE vocabularies.
@@ -53,7 +53,8 @@ pub const SUPPORTED_PRE_TOKENIZERS: &[&str] = &[
 ];
 
 /// Qwen2's split regex, verbatim from its `tokenizer.json` (single digits).
-const REGEX_QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const REGEX_QWEN2: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Llama 3's split regex (tiktoken cl100k), verbatim from its `tokenizer.json` (digits in threes).
 const REGEX_LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -101,7 +102,8 @@ impl<'a> Meta<'a> {
 
     fn id(&self, key: &str, vocab_len: usize) -> Result<Option<u32>> {
         let Some(v) = self.get(key) else { return Ok(None) };
-        let id = as_i64(v).ok_or_else(|| self.bad(format!("`{key}` should be an integer, found {:?}", v.value_type())))?;
+        let id =
+            as_i64(v).ok_or_else(|| self.bad(format!("`{key}` should be an integer, found {:?}", v.value_type())))?;
         // llama.cpp writes -1 (or u32::MAX) for "no such token".
         if id < 0 || id == u32::MAX as i64 {
             return Ok(None);
@@ -173,10 +175,7 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
         None => vec![token_type::NORMAL; n],
         Some(arr) => {
             if arr.len() != n {
-                return Err(meta.bad(format!(
-                    "`tokenizer.ggml.token_type` has {} entries for {n} tokens",
-                    arr.len()
-                )));
+                return Err(meta.bad(format!("`tokenizer.ggml.token_type` has {} entries for {n} tokens", arr.len())));
             }
             arr.iter()
                 .map(|v| as_i64(v).ok_or_else(|| meta.bad("`tokenizer.ggml.token_type` holds a non-integer")))
@@ -209,11 +208,9 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
             let inner = sentencepiece_bpe(&meta, &tokens, &types, unk, add_space_prefix)?;
             (inner, "SentencePiece BPE (byte fallback)".to_string(), false, true)
         }
-        other => {
-            return Err(meta.bad(format!(
-                "tokenizer model `{other}` is not supported (supported: `gpt2` byte-level BPE, `llama` SentencePiece BPE)"
-            )))
-        }
+        other => return Err(meta.bad(format!(
+            "tokenizer model `{other}` is not supported (supported: `gpt2` byte-level BPE, `llama` SentencePiece BPE)"
+        ))),
     };
 
     add_special_and_user_tokens(&meta, &mut inner, &tokens, &types, [bos, eos, pad, unk])?;
@@ -222,8 +219,8 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
     let add_eos = meta.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let byte_level_pp = (model == "gpt2").then(|| PostProcessorWrapper::ByteLevel(ByteLevel::new(false, false, false)));
     let template = template_processor(
-        add_bos.then(|| bos).flatten().map(|id| (tokens[id as usize].clone(), id)),
-        add_eos.then(|| eos).flatten().map(|id| (tokens[id as usize].clone(), id)),
+        add_bos.then_some(bos).flatten().map(|id| (tokens[id as usize].clone(), id)),
+        add_eos.then_some(eos).flatten().map(|id| (tokens[id as usize].clone(), id)),
     )?;
     let pp = match (byte_level_pp, template) {
         (Some(b), Some(t)) => Some(PostProcessorWrapper::Sequence(ProcessorSequence::new(vec![b, t]))),
@@ -239,6 +236,7 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
     }
     let name = |id: Option<u32>| id.map(|i| tokens[i as usize].clone());
     Ok(Tokenizer {
+        special_ids: special_ids(&inner),
         inner,
         kind,
         bos_token: name(bos),
@@ -269,9 +267,9 @@ fn byte_level_bpe(
         .into_iter()
         .enumerate()
         .map(|(i, m)| {
-            m.split_once(' ')
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| meta.bad(format!("`tokenizer.ggml.merges`[{i}] = {m:?} is not two tokens separated by a space")))
+            m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())).ok_or_else(|| {
+                meta.bad(format!("`tokenizer.ggml.merges`[{i}] = {m:?} is not two tokens separated by a space"))
+            })
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -316,11 +314,9 @@ fn byte_level_bpe(
             PreSequence::new(vec![split(REGEX_QWEN2)?, ByteLevel::new(false, false, false).into()]).into(),
             false,
         ),
-        "llama-bpe" | "llama3" | "smaug-bpe" => (
-            None,
-            PreSequence::new(vec![split(REGEX_LLAMA3)?, ByteLevel::new(false, true, false).into()]).into(),
-            true,
-        ),
+        "llama-bpe" | "llama3" | "smaug-bpe" => {
+            (None, PreSequence::new(vec![split(REGEX_LLAMA3)?, ByteLevel::new(false, true, false).into()]).into(), true)
+        }
         other => {
             return Err(meta.bad(format!(
                 "pre-tokenizer `tokenizer.ggml.pre = {other}` is not supported (supported: {})",
@@ -373,7 +369,11 @@ fn sentencepiece_bpe(
         .array("tokenizer.ggml.scores")?
         .ok_or_else(|| meta.bad("a SentencePiece vocabulary needs `tokenizer.ggml.scores`, which is missing"))?;
     if scores.len() != tokens.len() {
-        return Err(meta.bad(format!("`tokenizer.ggml.scores` has {} entries for {} tokens", scores.len(), tokens.len())));
+        return Err(meta.bad(format!(
+            "`tokenizer.ggml.scores` has {} entries for {} tokens",
+            scores.len(),
+            tokens.len()
+        )));
     }
     let scores = scores
         .iter()
@@ -422,12 +422,7 @@ fn sentencepiece_bpe(
 ///
 /// llama.cpp stores -1000 for control and user-defined tokens where SentencePiece has 0; using 0 for
 /// every non-normal token reproduces Gemma 3's published merge list exactly.
-fn merges_from_scores(
-    tokens: &[String],
-    types: &[i64],
-    scores: &[f64],
-    vocab: &Vocab,
-) -> Vec<(String, String)> {
+fn merges_from_scores(tokens: &[String], types: &[i64], scores: &[f64], vocab: &Vocab) -> Vec<(String, String)> {
     // (score, left len, right len, left id, right id, left, right)
     let mut merges: Vec<(f64, usize, usize, u32, u32, &str, &str)> = Vec::new();
     for (id, tok) in tokens.iter().enumerate() {
@@ -444,10 +439,7 @@ fn merges_from_scores(
     }
     // Stable sort, descending on (score, len left, len right).
     merges.sort_by(|a, b| {
-        b.0.partial_cmp(&a.0)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(b.1.cmp(&a.1))
-            .then(b.2.cmp(&a.2))
+        b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2))
     });
     merges.into_iter().map(|m| (m.5.to_string(), m.6.to_string())).collect()
 }
@@ -476,10 +468,8 @@ fn add_special_and_user_tokens(
             user.push(AddedToken::from(content.clone(), false).normalized(false));
         }
     }
-    tok.add_special_tokens(special)
-        .map_err(|e| meta.bad(format!("cannot register special tokens: {e}")))?;
-    tok.add_tokens(user)
-        .map_err(|e| meta.bad(format!("cannot register user-defined tokens: {e}")))?;
+    tok.add_special_tokens(special).map_err(|e| meta.bad(format!("cannot register special tokens: {e}")))?;
+    tok.add_tokens(user).map_err(|e| meta.bad(format!("cannot register user-defined tokens: {e}")))?;
     Ok(())
 }
 

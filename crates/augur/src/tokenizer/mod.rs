@@ -8,6 +8,7 @@ mod chat;
 mod gguf;
 mod stream;
 
+use std::collections::HashSet;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file;
@@ -35,6 +36,9 @@ pub struct Tokenizer {
     chat_template: Option<String>,
     /// Transformers' `clean_up_tokenization_spaces` (" ." → "." …), applied after decoding.
     clean_up_tokenization_spaces: bool,
+    /// Ids of special added tokens, kept apart because `tokenizers` only hands out a copy of its
+    /// whole added-token table.
+    special_ids: HashSet<u32>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -62,9 +66,11 @@ fn read_json_opt(path: &Path, format: &'static str) -> Result<Option<Json>> {
         return Ok(None);
     }
     let text = read_to_string(path)?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::BadFile { path: path.to_path_buf(), format, reason: e.to_string() })
+    serde_json::from_str(&text).map(Some).map_err(|e| Error::BadFile {
+        path: path.to_path_buf(),
+        format,
+        reason: e.to_string(),
+    })
 }
 
 /// A special token in tokenizer_config.json / special_tokens_map.json: a string, or an
@@ -83,9 +89,7 @@ fn chat_template_from(v: Option<&Json>) -> Option<String> {
     match v? {
         Json::String(s) => Some(s.clone()),
         Json::Array(list) => {
-            let named = |name: &str| {
-                list.iter().find(|t| t.get("name").and_then(Json::as_str) == Some(name))
-            };
+            let named = |name: &str| list.iter().find(|t| t.get("name").and_then(Json::as_str) == Some(name));
             let entry = named("default").or(if list.len() == 1 { list.first() } else { None })?;
             entry.get("template").and_then(Json::as_str).map(str::to_string)
         }
@@ -107,10 +111,8 @@ impl Tokenizer {
             format: "tokenizer.json",
             reason: e.to_string(),
         })?;
-        let config = read_json_opt(&dir.join("tokenizer_config.json"), "tokenizer_config.json")?
-            .unwrap_or(Json::Null);
-        let map = read_json_opt(&dir.join("special_tokens_map.json"), "special_tokens_map.json")?
-            .unwrap_or(Json::Null);
+        let config = read_json_opt(&dir.join("tokenizer_config.json"), "tokenizer_config.json")?.unwrap_or(Json::Null);
+        let map = read_json_opt(&dir.join("special_tokens_map.json"), "special_tokens_map.json")?.unwrap_or(Json::Null);
         let mut chat_template = chat_template_from(config.get("chat_template"));
         let jinja = dir.join("chat_template.jinja");
         if jinja.exists() {
@@ -173,6 +175,7 @@ impl Tokenizer {
 
         let kind = describe(&inner);
         Ok(Tokenizer {
+            special_ids: special_ids(&inner),
             inner,
             kind,
             bos_token,
@@ -221,9 +224,7 @@ impl Tokenizer {
 
     /// Decodes without Transformers' space clean-up; the streamer diffs this form.
     pub(crate) fn decode_raw(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| Error::Tokenizer(format!("cannot decode ids: {e}")))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| Error::Tokenizer(format!("cannot decode ids: {e}")))
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -241,10 +242,7 @@ impl Tokenizer {
 
     /// Whether `id` is a special added token (skipped by `decode(.., skip_special_tokens = true)`).
     pub fn is_special(&self, id: u32) -> bool {
-        self.inner
-            .get_added_tokens_decoder()
-            .get(&id)
-            .is_some_and(|t| t.special)
+        self.special_ids.contains(&id)
     }
 
     /// Short description of the algorithm, for `augur info`.
@@ -329,12 +327,15 @@ pub(crate) fn clean_up_tokenization(text: &str) -> String {
         .replace(" 're", "'re")
 }
 
+fn special_ids(inner: &tokenizers::Tokenizer) -> HashSet<u32> {
+    inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
+}
+
 /// "byte-level BPE", "SentencePiece BPE", … from the model type and the decoder.
 fn describe(inner: &tokenizers::Tokenizer) -> String {
     use tokenizers::models::ModelWrapper;
-    let mentions = |v: Option<serde_json::Result<String>>, what: &str| {
-        v.and_then(|r| r.ok()).is_some_and(|s| s.contains(what))
-    };
+    let mentions =
+        |v: Option<serde_json::Result<String>>, what: &str| v.and_then(|r| r.ok()).is_some_and(|s| s.contains(what));
     let byte_level = mentions(inner.get_decoder().map(serde_json::to_string), "ByteLevel")
         || mentions(inner.get_pre_tokenizer().map(serde_json::to_string), "ByteLevel");
     match inner.get_model() {
@@ -385,8 +386,14 @@ pub(crate) mod tests {
             "bos_token": null,
             "chat_template": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
         });
-        Tokenizer::from_parts(inner, &config, &Json::Null, chat_template_from(config.get("chat_template")), Path::new("test"))
-            .expect("tokenizer")
+        Tokenizer::from_parts(
+            inner,
+            &config,
+            &Json::Null,
+            chat_template_from(config.get("chat_template")),
+            Path::new("test"),
+        )
+        .expect("tokenizer")
     }
 
     #[test]
@@ -475,7 +482,11 @@ pub(crate) mod tests {
                 "clean_up_tokenization_spaces": true}"#,
         )
         .unwrap();
-        std::fs::write(dir.join("special_tokens_map.json"), r#"{"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|endoftext|>"}"#).unwrap();
+        std::fs::write(
+            dir.join("special_tokens_map.json"),
+            r#"{"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|endoftext|>"}"#,
+        )
+        .unwrap();
         let t = Tokenizer::from_hf_dir(&dir).unwrap();
         assert_eq!(t.chat_template(), Some("from config"));
         // The config's eos wins over the map; the map fills bos.

@@ -29,7 +29,14 @@ pub struct TextStream<'a> {
 
 impl<'a> TextStream<'a> {
     pub fn new(tok: &'a Tokenizer, skip_special_tokens: bool) -> Self {
-        TextStream { tok, skip_special_tokens, ids: Vec::new(), prefix: 0, window_emitted: String::new(), raw_tail: String::new() }
+        TextStream {
+            tok,
+            skip_special_tokens,
+            ids: Vec::new(),
+            prefix: 0,
+            window_emitted: String::new(),
+            raw_tail: String::new(),
+        }
     }
 
     /// Every id pushed so far.
@@ -106,7 +113,11 @@ impl<'a> TextStream<'a> {
     fn is_byte_token(&self, id: u32) -> bool {
         self.tok.id_to_token(id).is_some_and(|t| {
             let b = t.as_bytes();
-            b.len() == 6 && b.starts_with(b"<0x") && b[5] == b'>' && b[3].is_ascii_hexdigit() && b[4].is_ascii_hexdigit()
+            b.len() == 6
+                && b.starts_with(b"<0x")
+                && b[5] == b'>'
+                && b[3].is_ascii_hexdigit()
+                && b[4].is_ascii_hexdigit()
         })
     }
 
@@ -195,7 +206,9 @@ mod tests {
 
     /// A tiny SentencePiece-style BPE with byte fallback (like Gemma / Llama 2).
     fn byte_fallback_tokenizer(add_space_prefix: bool) -> Tokenizer {
-        use tokenizers::decoders::{byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence, strip::Strip, DecoderWrapper};
+        use tokenizers::decoders::{
+            byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence, strip::Strip, DecoderWrapper,
+        };
         use tokenizers::models::bpe::BPE;
         use tokenizers::normalizers::{Prepend, Replace, Sequence as NSeq};
         let mut vocab = Vocab::new();
@@ -236,8 +249,14 @@ mod tests {
         }
         inner.with_decoder(Some(Sequence::new(decoders)));
         inner.add_special_tokens([tokenizers::AddedToken::from("<s>", true)]).unwrap();
-        Tokenizer::from_parts(inner, &serde_json::json!({"bos_token": "<s>"}), &serde_json::Value::Null, None, std::path::Path::new("t"))
-            .unwrap()
+        Tokenizer::from_parts(
+            inner,
+            &serde_json::json!({"bos_token": "<s>"}),
+            &serde_json::Value::Null,
+            None,
+            std::path::Path::new("t"),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -263,7 +282,9 @@ mod tests {
     fn clean_up_spaces_are_streamed_like_decode() {
         let mut tok = byte_level_tokenizer();
         tok.clean_up_tokenization_spaces = true;
-        for text in ["Hello world . Is it ? yes ! a , b", "do n't , I 'm here ' s x 've ' y", " . ? !  ,", "ab ' ' cd 're"] {
+        for text in
+            ["Hello world . Is it ? yes ! a , b", "do n't , I 'm here ' s x 've ' y", " . ? !  ,", "ab ' ' cd 're"]
+        {
             let ids = tok.encode(text, false).unwrap();
             let chunks = stream_chunks(&tok, &ids, false);
             assert_eq!(chunks.concat(), clean_up_tokenization(text));
