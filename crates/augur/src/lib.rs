@@ -7,7 +7,9 @@
 pub mod error;
 pub mod generation;
 pub mod model;
+pub mod pipeline;
 pub mod resolve;
 pub mod tokenizer;
 
+pub use candle_core::Device;
 pub use error::{Error, Result};

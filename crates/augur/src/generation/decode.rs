@@ -38,7 +38,7 @@ pub(crate) fn next_token(
 pub fn generate(
     model: &mut dyn CausalLm,
     cfg: &GenerationConfig,
-    emitter: &mut Emitter<'_>,
+    emitter: &mut Emitter<'_, '_>,
     stats: &mut GenerationStats,
 ) -> Result<()> {
     let start = Instant::now();

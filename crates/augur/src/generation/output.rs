@@ -55,27 +55,27 @@ pub struct GenerationOutput {
 }
 
 /// The growing sequence of one request.
-pub struct Emitter<'a> {
+pub struct Emitter<'t, 's> {
     /// Prompt followed by every accepted token.
     tokens: Vec<u32>,
     prompt_len: usize,
     max_new_tokens: usize,
     eos: Vec<u32>,
     stop_strings: Vec<String>,
-    stream: TextStream<'a>,
+    stream: TextStream<'t>,
     text: String,
-    sink: Option<&'a mut dyn FnMut(&str)>,
+    sink: Option<&'s mut dyn FnMut(&str)>,
     finish: Option<FinishReason>,
 }
 
-impl<'a> Emitter<'a> {
+impl<'t, 's> Emitter<'t, 's> {
     pub fn new(
-        tokenizer: &'a Tokenizer,
+        tokenizer: &'t Tokenizer,
         prompt: &[u32],
         max_new_tokens: usize,
         eos: Vec<u32>,
         stop_strings: Vec<String>,
-        sink: Option<&'a mut dyn FnMut(&str)>,
+        sink: Option<&'s mut dyn FnMut(&str)>,
     ) -> Self {
         Emitter {
             tokens: prompt.to_vec(),

@@ -19,7 +19,7 @@ pub fn generate(
     target: &mut dyn CausalLm,
     drafter: &mut dyn Drafter,
     cfg: &GenerationConfig,
-    emitter: &mut Emitter<'_>,
+    emitter: &mut Emitter<'_, '_>,
     stats: &mut GenerationStats,
 ) -> Result<()> {
     let start = Instant::now();

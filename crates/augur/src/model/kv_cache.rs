@@ -1,22 +1,24 @@
 //! A key/value cache that can be cut back to any length, which speculation needs after every rejected draft.
 
-use candle_core::Tensor;
-
-use crate::error::Result;
-
-/// Keys and values of one attention layer. The buffers are `[1, n_kv_heads, capacity, head_dim]`; the first
-/// `len` positions are valid. Appending writes in place and grows the buffers by doubling, so a decoding step
-/// copies only the new positions.
-#[derive(Default)]
+/// Keys and values of one attention layer, as plain buffers laid out `[n_kv_heads, capacity, head_dim]`; the
+/// first `len` positions of each head are valid. Appending writes in place and grows the buffers by doubling,
+/// so a decoding step copies only the new positions.
 pub struct KvCache {
-    k: Option<Tensor>,
-    v: Option<Tensor>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    n_kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
     len: usize,
 }
 
 const MIN_CAPACITY: usize = 256;
 
 impl KvCache {
+    pub fn new(n_kv_heads: usize, head_dim: usize) -> Self {
+        Self { k: Vec::new(), v: Vec::new(), n_kv_heads, head_dim, capacity: 0, len: 0 }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -30,72 +32,79 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
-    fn grow(buf: &Option<Tensor>, new: &Tensor, len: usize) -> Result<Tensor> {
-        let (b, h, t, d) = new.dims4()?;
-        let capacity = buf.as_ref().map_or(0, |x| x.dim(2).unwrap_or(0));
-        if len + t <= capacity {
-            if let Some(buf) = buf {
-                return Ok(buf.clone());
+    fn reserve(&mut self, needed: usize) {
+        if needed <= self.capacity {
+            return;
+        }
+        let cap = needed.max(MIN_CAPACITY).max(self.capacity * 2);
+        let (h, d) = (self.n_kv_heads, self.head_dim);
+        let regrow = |old: &[f32], old_cap: usize, len: usize| {
+            let mut new = vec![0f32; h * cap * d];
+            for head in 0..h {
+                let src = &old[head * old_cap * d..head * old_cap * d + len * d];
+                new[head * cap * d..head * cap * d + len * d].copy_from_slice(src);
             }
-        }
-        let new_capacity = (len + t).max(MIN_CAPACITY).max(capacity * 2);
-        let grown = Tensor::zeros((b, h, new_capacity, d), new.dtype(), new.device())?;
-        if let (Some(old), true) = (buf, len > 0) {
-            grown.slice_set(&old.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
-        }
-        Ok(grown)
+            new
+        };
+        self.k = regrow(&self.k, self.capacity, self.len);
+        self.v = regrow(&self.v, self.capacity, self.len);
+        self.capacity = cap;
     }
 
-    /// Appends `k`, `v` (`[1, n_kv_heads, t, head_dim]`) at position `len` and returns views of all valid
-    /// positions, `[1, n_kv_heads, len + t, head_dim]`.
-    pub fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let t = k.dim(2)?;
-        let kb = Self::grow(&self.k, k, self.len)?;
-        let vb = Self::grow(&self.v, v, self.len)?;
-        kb.slice_set(&k.contiguous()?, 2, self.len)?;
-        vb.slice_set(&v.contiguous()?, 2, self.len)?;
+    /// Appends `t` positions; `k` and `v` are `[t, n_kv_heads, head_dim]` (the projection's row layout).
+    pub fn append(&mut self, k: &[f32], v: &[f32]) {
+        let (h, d) = (self.n_kv_heads, self.head_dim);
+        let t = k.len() / (h * d);
+        self.reserve(self.len + t);
+        for i in 0..t {
+            for head in 0..h {
+                let dst = (head * self.capacity + self.len + i) * d;
+                let src = (i * h + head) * d;
+                self.k[dst..dst + d].copy_from_slice(&k[src..src + d]);
+                self.v[dst..dst + d].copy_from_slice(&v[src..src + d]);
+            }
+        }
         self.len += t;
-        let out = (kb.narrow(2, 0, self.len)?, vb.narrow(2, 0, self.len)?);
-        self.k = Some(kb);
-        self.v = Some(vb);
-        Ok(out)
+    }
+
+    /// Key `pos` of `head`, `[head_dim]`.
+    #[inline]
+    pub fn key(&self, head: usize, pos: usize) -> &[f32] {
+        let o = (head * self.capacity + pos) * self.head_dim;
+        &self.k[o..o + self.head_dim]
+    }
+
+    /// Value `pos` of `head`, `[head_dim]`.
+    #[inline]
+    pub fn value(&self, head: usize, pos: usize) -> &[f32] {
+        let o = (head * self.capacity + pos) * self.head_dim;
+        &self.v[o..o + self.head_dim]
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
-
-    fn block(start: f32, t: usize) -> Tensor {
-        let data: Vec<f32> = (0..t * 2).map(|i| start + i as f32).collect();
-        Tensor::from_vec(data, (1, 1, t, 2), &Device::Cpu).unwrap()
-    }
 
     #[test]
-    fn append_truncate_and_overwrite() {
-        let mut c = KvCache::default();
-        c.append(&block(0.0, 3), &block(100.0, 3)).unwrap();
+    fn append_truncate_overwrite_and_grow() {
+        let mut c = KvCache::new(2, 2);
+        // t = 3 positions, 2 heads, head_dim 2: value = 10·pos + head.
+        let block = |base: f32, t: usize| -> Vec<f32> {
+            (0..t).flat_map(|p| (0..2).flat_map(move |h| [base + 10.0 * p as f32 + h as f32; 2])).collect()
+        };
+        c.append(&block(0.0, 3), &block(100.0, 3));
         c.truncate(1);
-        assert_eq!(c.len(), 1);
-        let (k, v) = c.append(&block(50.0, 2), &block(150.0, 2)).unwrap();
-        assert_eq!(k.dims(), &[1, 1, 3, 2]);
-        let k: Vec<f32> = k.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(k, vec![0.0, 1.0, 50.0, 51.0, 52.0, 53.0]);
-        let v: Vec<f32> = v.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(v, vec![100.0, 101.0, 150.0, 151.0, 152.0, 153.0]);
-    }
-
-    #[test]
-    fn grows_past_initial_capacity() {
-        let mut c = KvCache::default();
-        for i in 0..300 {
-            c.append(&block(i as f32, 1), &block(i as f32, 1)).unwrap();
+        c.append(&block(50.0, 2), &block(150.0, 2));
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.key(1, 0), &[1.0, 1.0]);
+        assert_eq!(c.key(0, 1), &[50.0, 50.0]);
+        assert_eq!(c.value(1, 2), &[161.0, 161.0]);
+        for _ in 0..300 {
+            c.append(&block(7.0, 1), &block(7.0, 1));
         }
-        let (k, _) = c.append(&block(7.0, 1), &block(7.0, 1)).unwrap();
-        assert_eq!(k.dims(), &[1, 1, 301, 2]);
-        let k: Vec<f32> = k.flatten_all().unwrap().to_vec1().unwrap();
-        assert_eq!(&k[..4], &[0.0, 1.0, 1.0, 2.0]);
-        assert_eq!(&k[598..], &[7.0, 8.0]);
+        assert_eq!(c.len(), 303);
+        assert_eq!(c.key(1, 0), &[1.0, 1.0], "growing keeps old positions");
+        assert_eq!(c.key(1, 302), &[8.0, 8.0]);
     }
 }

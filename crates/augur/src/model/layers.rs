@@ -151,35 +151,17 @@ impl Attention {
                 LayerKind::Sliding => cfg.sliding_window,
                 LayerKind::Full => None,
             },
-            cache: KvCache::default(),
+            cache: KvCache::new(kv, d),
         })
-    }
-
-    /// Additive mask `[t, keys]` for queries at `start..start+t` over keys at `first_key..start+t`:
-    /// causal, and within the window when there is one.
-    fn mask(&self, start: usize, t: usize, first_key: usize, device: &Device) -> Result<Tensor> {
-        let keys = start + t - first_key;
-        let mut m = vec![0f32; t * keys];
-        for i in 0..t {
-            let q = start + i;
-            for (j, slot) in m[i * keys..(i + 1) * keys].iter_mut().enumerate() {
-                let k = first_key + j;
-                let visible = k <= q && self.window.is_none_or(|w| q - k < w);
-                if !visible {
-                    *slot = f32::NEG_INFINITY;
-                }
-            }
-        }
-        Ok(Tensor::from_vec(m, (t, keys), device)?)
     }
 
     /// `x`: `[1, t, hidden]` at cache positions `step.start..` → `[1, t, hidden]`.
     pub fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
         let (_, t, _) = x.dims3()?;
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x)?.reshape((1, t, h, d))?.transpose(1, 2)?;
-        let k = self.k_proj.forward(x)?.reshape((1, t, kv, d))?.transpose(1, 2)?;
-        let v = self.v_proj.forward(x)?.reshape((1, t, kv, d))?.transpose(1, 2)?;
+        let q = self.q_proj.forward(x)?.reshape((1, t, h, d))?;
+        let k = self.k_proj.forward(x)?.reshape((1, t, kv, d))?;
+        let v = self.v_proj.forward(x)?.reshape((1, t, kv, d))?;
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (qn.forward(&q)?, kn.forward(&k)?),
             _ => (q, k),
@@ -189,8 +171,8 @@ impl Attention {
         } else {
             (&ropes.full, &step.rope_full)
         };
-        let q = rope.apply(&q, cos, sin)?;
-        let k = rope.apply(&k, cos, sin)?;
+        let q = rope.apply(&q.transpose(1, 2)?, cos, sin)?; // [1, h, t, d]
+        let k = rope.apply(&k.transpose(1, 2)?, cos, sin)?.transpose(1, 2)?; // [1, t, kv, d]
         if self.cache.len() != step.start {
             return Err(Error::InvalidOption(format!(
                 "attention cache holds {} positions but the block starts at {}",
@@ -198,36 +180,72 @@ impl Attention {
                 step.start
             )));
         }
-        let (k, v) = self.cache.append(&k, &v)?;
-        let first_key = match self.window {
-            Some(w) => (step.start + 1).saturating_sub(w),
-            None => 0,
-        };
-        let (k, v) = if first_key > 0 {
-            let n = step.start + t - first_key;
-            (k.narrow(2, first_key, n)?, v.narrow(2, first_key, n)?)
-        } else {
-            (k, v)
-        };
-        // Grouped-query attention without copying K/V: the `g` query heads that share one KV head become
-        // `g·t` rows against that head. q: [1, kv, g·t, d].
-        let g = h / kv;
-        let q = (q * self.scale)?.reshape((1, kv, g * t, d))?;
-        let mut scores = q.matmul(&k.t()?)?; // [1, kv, g·t, keys]
-        if let Some(cap) = self.softcap {
-            scores = ((scores / cap)?.tanh()? * cap)?;
-        }
-        // A single query sees every key left after the window cut: only blocks need a mask.
-        if t > 1 {
-            let mask = self.mask(step.start, t, first_key, x.device())?;
-            let mask = if g > 1 { Tensor::cat(&vec![&mask; g], 0)? } else { mask };
-            scores = scores.broadcast_add(&mask)?;
-        }
-        let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v.contiguous()?)?; // [1, kv, g·t, d]
-        let out = out.reshape((1, h, t, d))?.transpose(1, 2)?.reshape((1, t, h * d))?;
+        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        self.cache.append(&flat(&k)?, &flat(&v)?);
+        let out = self.attend(&flat(&q)?, step.start, t);
+        let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }
+
+    /// Causal attention of `t` queries (`q`: `[h, t, d]`, roped) at positions `start..start+t` over the cache.
+    /// Each (head, query) pair is computed on its own, in a fixed order over its visible keys, so a position's
+    /// output is bit-for-bit the same whether it is decoded alone or verified in a block: greedy speculation
+    /// then stays exactly lossless. Returns `[t, h·d]`.
+    fn attend(&self, q: &[f32], start: usize, t: usize) -> Vec<f32> {
+        use rayon::prelude::*;
+        let (h, d) = (self.n_heads, self.head_dim);
+        let g = h / self.n_kv_heads;
+        let mut out = vec![0f32; t * h * d];
+        let cache = &self.cache;
+        let (scale, softcap, window) = (self.scale as f32, self.softcap.map(|c| c as f32), self.window);
+        out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
+            let (row, head) = (idx / h, idx % h);
+            let kvh = head / g;
+            let pos = start + row;
+            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for j in first..=pos {
+                let mut s = dot(qv, cache.key(kvh, j)) * scale;
+                if let Some(c) = softcap {
+                    s = (s / c).tanh() * c;
+                }
+                max = max.max(s);
+                scores.push(s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            for (j, p) in (first..=pos).zip(scores.iter()) {
+                let w = p * inv;
+                for (a, b) in o.iter_mut().zip(cache.value(kvh, j)) {
+                    *a += w * b;
+                }
+            }
+        });
+        out
+    }
+}
+
+/// A dot product with eight independent partial sums (vectorizable, and the same order on every call).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i];
+    }
+    s
 }
 
 /// Gated feed-forward: `down(act(gate(x)) · up(x))`.

@@ -33,9 +33,31 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// `x`: `[.., in]` → `[.., out]`.
+    /// Kernels whose single-row product takes another path (another summation order) than their multi-row
+    /// product: dense f32 (GEMV vs GEMM) and Q6K (compact vs repacked tiles).
+    fn single_row_differs(&self) -> bool {
+        match &self.weight {
+            QMatMul::QTensor(q) => q.dtype() == GgmlDType::Q6K,
+            QMatMul::Tensor(_) | QMatMul::TensorF16(_) => true,
+        }
+    }
+
+    /// `x`: `[.., in]` → `[.., out]`. Each row's result is the same whatever the number of rows, so a token
+    /// verified in a block gets exactly the logits it would get decoded alone (greedy speculation is lossless
+    /// bit for bit): a single row is computed as two identical rows where the kernel would otherwise switch.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.weight.forward(x)?;
+        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
+        let y = if rows == 1 && self.single_row_differs() {
+            let shape = x.dims().to_vec();
+            let in_dim = shape[shape.len() - 1];
+            let two = x.reshape((1, in_dim))?.repeat((2, 1))?;
+            let y = self.weight.forward(&two)?.narrow(0, 0, 1)?;
+            let mut out_shape = shape;
+            *out_shape.last_mut().expect("rank >= 1") = y.dim(1)?;
+            y.reshape(out_shape)?
+        } else {
+            self.weight.forward(x)?
+        };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -1,0 +1,228 @@
+//! What users call: load a model (and an optional assistant) by path or id, give a prompt or chat messages and
+//! options, get text, streamed or whole. The CLI and the server are thin shells over this.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Device;
+
+use crate::error::{Error, Result};
+use crate::generation::config::{GenerationConfig, GenerationOptions};
+use crate::generation::drafters::{AssistantModel, Drafter, PromptLookup};
+use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
+use crate::generation::{decode, speculative};
+use crate::model::{self, CausalLm, ModelConfig, WeightsInfo};
+use crate::resolve::resolve_model;
+use crate::tokenizer::{ChatMessage, Tokenizer};
+
+/// A prompt: raw text, or chat messages rendered with the model's chat template.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Text(String),
+    Chat(Vec<ChatMessage>),
+}
+
+/// A model with its tokenizer and generation defaults.
+pub struct LoadedLm {
+    pub path: PathBuf,
+    pub model: Box<dyn CausalLm>,
+    pub tokenizer: Tokenizer,
+    /// The model's `generation_config.json` (or, for GGUF, its EOS id), under the call's options.
+    pub defaults: GenerationOptions,
+    pub weights: WeightsInfo,
+}
+
+impl LoadedLm {
+    /// Loads a GGUF file or a Hugging Face model directory, with its tokenizer.
+    pub fn load(path: &Path, device: &Device) -> Result<Self> {
+        let loaded = model::load(path, device)?;
+        let cfg = loaded.model.config().clone();
+        let (tokenizer, mut defaults) = match &loaded.gguf {
+            Some(content) => (Tokenizer::from_gguf(content, path)?, GenerationOptions::default()),
+            None => {
+                let gc = path.join("generation_config.json");
+                let defaults =
+                    if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
+                (Tokenizer::from_hf_dir(path)?, defaults)
+            }
+        };
+        if defaults.eos_token_id.as_ref().is_none_or(|e| e.is_empty()) {
+            let eos = if !cfg.eos_token_ids.is_empty() {
+                cfg.eos_token_ids.clone()
+            } else {
+                tokenizer.eos_token_ids().to_vec()
+            };
+            if !eos.is_empty() {
+                defaults.eos_token_id = Some(eos);
+            }
+        }
+        let vocab = tokenizer.vocab_size();
+        if vocab > cfg.vocab_size {
+            return Err(Error::Tokenizer(format!(
+                "{}: the tokenizer has {vocab} tokens but the model's embedding has only {} rows",
+                path.display(),
+                cfg.vocab_size
+            )));
+        }
+        Ok(Self { path: path.to_path_buf(), model: loaded.model, tokenizer, defaults, weights: loaded.weights_info })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+}
+
+pub struct Pipeline {
+    pub target: LoadedLm,
+    pub assistant: Option<LoadedLm>,
+    /// Options applied to every call unless the call sets them (the server's defaults, say).
+    pub defaults: GenerationOptions,
+}
+
+impl Pipeline {
+    /// `model`: a GGUF file, a model directory, a Hugging Face repo id in the local cache, or `None` for the
+    /// default model (fetched when missing).
+    pub fn load(model: Option<&str>) -> Result<Self> {
+        let path = resolve_model(model)?;
+        Ok(Self { target: LoadedLm::load(&path, &Device::Cpu)?, assistant: None, defaults: GenerationOptions::default() })
+    }
+
+    /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
+    pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
+        let path = resolve_model(Some(assistant))?;
+        let a = LoadedLm::load(&path, &Device::Cpu)?;
+        check_same_tokenizer(&self.target.tokenizer, &a.tokenizer, &path)?;
+        self.assistant = Some(a);
+        Ok(self)
+    }
+
+    /// The prompt's token ids as Transformers' pipeline would build them: a chat is rendered with the template
+    /// and encoded without special tokens (the template writes them); raw text gets the tokenizer's special
+    /// tokens when `add_special_tokens`.
+    pub fn encode(&self, prompt: &Prompt, add_special_tokens: bool) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Text(t) => self.target.tokenizer.encode(t, add_special_tokens),
+            Prompt::Chat(m) => self.target.tokenizer.encode_chat(m, true),
+        }
+    }
+
+    /// The resolved configuration for a call: model defaults, then pipeline defaults, then the call's options.
+    pub fn resolve_config(&self, options: &GenerationOptions) -> GenerationConfig {
+        let mut o = self.target.defaults.clone();
+        o.merge(&self.defaults);
+        o.merge(options);
+        GenerationConfig::from_options(&o)
+    }
+
+    /// Generates from `prompt`; text goes to `sink` as it is accepted.
+    pub fn generate(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerationOptions,
+        sink: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<GenerationOutput> {
+        let ids = self.encode(prompt, true)?;
+        self.generate_ids(&ids, options, sink)
+    }
+
+    /// Generates from prompt token ids.
+    pub fn generate_ids(
+        &mut self,
+        ids: &[u32],
+        options: &GenerationOptions,
+        sink: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<GenerationOutput> {
+        let cfg = self.resolve_config(options);
+        cfg.validate()?;
+        if ids.is_empty() {
+            return Err(Error::InvalidOption("the prompt is empty (no tokens)".into()));
+        }
+        let context = self.target.config().max_position_embeddings;
+        if ids.len() >= context {
+            return Err(Error::PromptTooLong { prompt_tokens: ids.len(), context });
+        }
+        let max_new = cfg.max_new_tokens_for(ids.len(), Some(context))?.min(context - ids.len());
+        let start = Instant::now();
+        let mut stats = GenerationStats { prompt_tokens: ids.len(), ..Default::default() };
+        let target = &mut self.target;
+        target.model.truncate(0);
+        let mut emitter =
+            Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink);
+        let vocab = target.config().vocab_size;
+        let mut drafter: Option<Box<dyn Drafter + '_>> = if cfg.assistant_early_exit.is_some() {
+            return Err(Error::InvalidOption("`assistant_early_exit` is not implemented yet".into()));
+        } else if let Some(n) = cfg.prompt_lookup_num_tokens {
+            if cfg.assistant_ensemble_weight.is_some() {
+                return Err(Error::InvalidOption(
+                    "Setting `assistant_ensemble_weight` requires candidate logits from the assistant model. It is \
+                     not supported with prompt lookup decoding."
+                        .into(),
+                ));
+            }
+            Some(Box::new(PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?))
+        } else if cfg.use_mtp {
+            return Err(Error::InvalidOption(
+                "Could not find `num_mtp_layers` in the model config. This model probably has no associated mtp \
+                 weights."
+                    .into(),
+            ));
+        } else if let Some(a) = self.assistant.as_mut() {
+            let acfg = cfg.with_options(&assistant_knobs(&a.defaults, options, &self.defaults));
+            Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
+        } else {
+            None
+        };
+        match drafter.as_deref_mut() {
+            Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats)?,
+            None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats)?,
+        }
+        stats.seconds = start.elapsed().as_secs_f64();
+        stats.finish();
+        Ok(emitter.into_output(stats))
+    }
+}
+
+/// The assistant knobs for a call. Transformers reads them only from the assistant's generation config and
+/// ignores the call's (a defect we fix): here the call's options win, then the pipeline's defaults, then the
+/// assistant's `generation_config.json`, then the global defaults.
+fn assistant_knobs(
+    assistant: &GenerationOptions,
+    call: &GenerationOptions,
+    pipeline: &GenerationOptions,
+) -> GenerationOptions {
+    let pick = |f: fn(&GenerationOptions) -> bool| {
+        if f(call) {
+            call
+        } else if f(pipeline) {
+            pipeline
+        } else {
+            assistant
+        }
+    };
+    GenerationOptions {
+        num_assistant_tokens: pick(|o| o.num_assistant_tokens.is_some()).num_assistant_tokens,
+        num_assistant_tokens_schedule: pick(|o| o.num_assistant_tokens_schedule.is_some())
+            .num_assistant_tokens_schedule
+            .clone(),
+        assistant_confidence_threshold: pick(|o| o.assistant_confidence_threshold.is_some())
+            .assistant_confidence_threshold,
+        ..GenerationOptions::default()
+    }
+}
+
+/// Same-tokenizer assisted decoding needs identical vocabularies (up to padding rows of the embeddings).
+fn check_same_tokenizer(target: &Tokenizer, assistant: &Tokenizer, path: &Path) -> Result<()> {
+    let (tv, av) = (target.vocab_size(), assistant.vocab_size());
+    let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
+    let same_encoding = probe.iter().all(|p| {
+        matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b)
+    });
+    if tv != av || !same_encoding {
+        return Err(Error::InvalidOption(format!(
+            "the assistant {} has a different tokenizer than the main model ({av} vs {tv} tokens); assisted \
+             decoding across tokenizers is not implemented yet",
+            path.display()
+        )));
+    }
+    Ok(())
+}
