@@ -482,6 +482,62 @@ mod tests {
         assert_ne!(1.0 - 0.9f32, 0.1f32);
     }
 
+    fn pseudo_random_logits(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut state = seed;
+        (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    #[test]
+    fn top_k_heap_path_matches_selection() {
+        let mut row = pseudo_random_logits(20_000, 5, 8.0);
+        for x in row.iter_mut().step_by(7) {
+            *x = x.round(); // ties
+        }
+        for x in row.iter_mut().step_by(11) {
+            *x = NEG_INF;
+        }
+        for k in [1, 2, 50, 100, 1000, 2500, 5000, 19_999] {
+            let mut sorted = row.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            assert_eq!(kth_largest(&row, k), sorted[k - 1], "k = {k}");
+        }
+        // A NaN ranks first, as in torch.topk, so the k-th value is the (k-1)-th of the rest.
+        let mut with_nan = row.clone();
+        with_nan[3] = f32::NAN;
+        let mut rest = row.clone();
+        rest.remove(3);
+        rest.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(kth_largest(&with_nan, 50), rest[48]);
+    }
+
+    #[test]
+    fn processor_on_top_k_survivors_matches_full_row_warpers() {
+        let c = sampling(|c| {
+            c.temperature = 0.8;
+            c.top_k = 200;
+            c.top_p = 0.8;
+            c.min_p = Some(0.05);
+        });
+        let p = LogitsProcessor::new(&c, 0).unwrap();
+        for seed in 0..5 {
+            let row = pseudo_random_logits(30_000, seed, 10.0);
+            let mut fast = row.clone();
+            p.process(&[], &mut fast);
+            let mut full = row.clone();
+            apply_temperature(&mut full, 0.8);
+            top_k_filter(&mut full, 200, 1);
+            top_p_filter(&mut full, 0.8, 1);
+            min_p_filter(&mut full, 0.05, 1);
+            assert_eq!(fast, full, "seed {seed}");
+            assert!(!kept(&fast).is_empty() && kept(&fast).len() <= 200);
+        }
+    }
+
     /// Straightforward top-p: full stable-order sort, sequential cumulative sum.
     fn top_p_reference(logits: &[f32], top_p: f32, keep_min: usize) -> Vec<usize> {
         let n = logits.len();
