@@ -279,12 +279,12 @@ impl GenerationConfig {
             }
         }
         let rp = self.repetition_penalty;
-        if rp != 1.0 && !(rp > 0.0) {
+        if rp != 1.0 && !strictly_positive(rp) {
             return err(format!("`penalty` has to be a strictly positive float, but is {}", py_float(rp)));
         }
         if self.do_sample {
             let t = self.temperature;
-            if t != 1.0 && !(t > 0.0) {
+            if t != 1.0 && !strictly_positive(t) {
                 let mut msg = format!(
                     "`temperature` (={}) has to be a strictly positive float, otherwise your next token scores will be \
                      invalid.",
@@ -296,7 +296,8 @@ impl GenerationConfig {
                 return err(msg);
             }
             let p = self.top_p;
-            if p < 1.0 && p < 0.0 {
+            // Transformers only builds TopP for top_p < 1, then rejects values below 0.
+            if p < 0.0 {
                 return err(format!("`top_p` has to be a float > 0 and < 1, but is {}", py_float(p)));
             }
             if let Some(m) = self.min_p {
@@ -388,6 +389,11 @@ impl GenerationConfig {
     pub fn uses_self_drafting(&self) -> bool {
         self.assistant_early_exit.is_some() || self.prompt_lookup_num_tokens.is_some() || self.use_mtp
     }
+}
+
+/// `x > 0`, false for NaN (Python's `not (x > 0)` rejects NaN too).
+fn strictly_positive(x: f32) -> bool {
+    x > 0.0
 }
 
 /// Formats a float as Python's `repr` does, so error messages match Transformers' f-strings.

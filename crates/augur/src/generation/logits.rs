@@ -5,6 +5,7 @@
 //! Sorting is avoided where torch sorts: top-k uses a selection, top-p sorts only the tokens that could survive.
 
 use super::config::GenerationConfig;
+use super::sampler::{max_and_nan, softmax_in_place};
 use crate::error::Result;
 
 const NEG_INF: f32 = f32::NEG_INFINITY;
@@ -66,14 +67,14 @@ impl LogitsProcessor {
             if let Some(t) = w.temperature {
                 apply_temperature(logits, t);
             }
-            if let Some(k) = w.top_k {
-                top_k_filter(logits, k, MIN_TOKENS_TO_KEEP);
-            }
+            // After top-k only its survivors can be finite; later warpers work on them alone, which gives the same
+            // result (the others have probability 0) without passes over the whole vocabulary.
+            let active = w.top_k.and_then(|k| top_k_core(logits, k, MIN_TOKENS_TO_KEEP));
             if let Some((_, threshold)) = w.top_p {
-                top_p_filter_with_threshold(logits, threshold, MIN_TOKENS_TO_KEEP);
+                on_active(logits, active.as_deref(), |row| top_p_core(row, threshold, MIN_TOKENS_TO_KEEP));
             }
             if let Some(m) = w.min_p {
-                min_p_filter(logits, m, MIN_TOKENS_TO_KEEP);
+                on_active(logits, active.as_deref(), |row| min_p_filter(row, m, MIN_TOKENS_TO_KEEP));
             }
         }
     }
@@ -139,19 +140,76 @@ pub fn apply_temperature(logits: &mut [f32], temperature: f32) {
 /// `TopKLogitsWarper`: removes every score strictly below the k-th largest, so ties with the k-th are kept.
 /// `k` is raised to `min_tokens_to_keep`; a `k` at least the vocabulary size keeps everything.
 pub fn top_k_filter(logits: &mut [f32], k: usize, min_tokens_to_keep: usize) {
+    top_k_core(logits, k, min_tokens_to_keep);
+}
+
+/// [`top_k_filter`], returning the ids still present afterwards (ascending), or `None` when nothing was filtered.
+fn top_k_core(logits: &mut [f32], k: usize, min_tokens_to_keep: usize) -> Option<Vec<u32>> {
     let k = k.max(min_tokens_to_keep).max(1);
     if k >= logits.len() {
-        return;
+        return None;
     }
-    let mut scratch = logits.to_vec();
-    // Descending selection; NaN sorts first, as the largest, like torch.topk.
-    let (_, kth, _) = scratch.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
-    let kth = *kth;
-    for s in logits.iter_mut() {
+    let kth = kth_largest(logits, k);
+    let mut kept = Vec::with_capacity(k + 8);
+    for (i, s) in logits.iter_mut().enumerate() {
         if *s < kth {
             *s = NEG_INF;
+        } else {
+            kept.push(i as u32);
         }
     }
+    Some(kept)
+}
+
+/// The k-th largest value counting duplicates (`torch.topk(x, k)[0][-1]`); NaN ranks above everything, as in torch.
+/// Requires `1 <= k < len`.
+fn kth_largest(values: &[f32], k: usize) -> f32 {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+
+    /// f32 ordered by `total_cmp`; only used on NaN-free data, where that is the IEEE order (-0 < +0 aside).
+    #[derive(PartialEq)]
+    struct Key(f32);
+    impl Eq for Key {}
+    impl PartialOrd for Key {
+        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl Ord for Key {
+        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+            self.0.total_cmp(&other.0)
+        }
+    }
+
+    // Small k: one pass with a min-heap of the k largest; most values lose a single comparison to its minimum.
+    if k <= 1024 && k * 8 <= values.len() {
+        let mut heap: BinaryHeap<Reverse<Key>> = BinaryHeap::with_capacity(k + 1);
+        let mut has_nan = false;
+        for &x in values {
+            if x.is_nan() {
+                has_nan = true;
+                break;
+            }
+            if heap.len() < k {
+                heap.push(Reverse(Key(x)));
+            } else if let Some(Reverse(min)) = heap.peek() {
+                if x > min.0 {
+                    heap.pop();
+                    heap.push(Reverse(Key(x)));
+                }
+            }
+        }
+        if !has_nan {
+            if let Some(Reverse(min)) = heap.peek() {
+                return min.0;
+            }
+        }
+    }
+    let mut scratch = values.to_vec();
+    // Descending: NaN (positive, as torch produces) sorts first, as the largest.
+    let (_, kth, _) = scratch.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    *kth
 }
 
 /// `1 - top_p`, computed as Python does: in double precision from the decimal value the user wrote, then compared
@@ -166,27 +224,25 @@ fn top_p_removal_threshold(top_p: f32) -> f32 {
 ///
 /// On equal scores at the cut, torch's order is unspecified (an unstable sort); here the lower token id is kept.
 pub fn top_p_filter(logits: &mut [f32], top_p: f32, min_tokens_to_keep: usize) {
-    top_p_filter_with_threshold(logits, top_p_removal_threshold(top_p), min_tokens_to_keep);
+    top_p_core(logits, top_p_removal_threshold(top_p), min_tokens_to_keep);
 }
 
-fn top_p_filter_with_threshold(logits: &mut [f32], threshold: f32, min_tokens_to_keep: usize) {
+fn top_p_core(logits: &mut [f32], threshold: f32, min_tokens_to_keep: usize) {
     let n = logits.len();
     let keep_min = min_tokens_to_keep.max(1);
     if n <= keep_min {
         return;
     }
-    let Some((max, inv_sum)) = softmax_params(logits) else {
+    let Some(probs) = torch_softmax(logits) else {
         return; // torch's probabilities would be NaN and nothing would compare as removable
     };
-    let prob = |x: f32| (x - max).exp() * inv_sum;
 
     // Tokens below `floor` are removed whatever happens: all of them together hold at most half the threshold and
-    // they come first in ascending order. Only the others need sorting, usually a small fraction of the vocabulary.
+    // they come first in ascending order. Only the others need ordering, usually a small part of the vocabulary.
     let floor = (threshold.max(0.0) as f64 / (2.0 * n as f64)) as f32;
     let mut base = 0.0f64;
     let mut candidates: Vec<(f32, u32)> = Vec::new();
-    for (i, &x) in logits.iter().enumerate() {
-        let p = prob(x);
+    for (i, (&x, &p)) in logits.iter().zip(&probs).enumerate() {
         if p >= floor {
             candidates.push((x, i as u32));
         } else {
@@ -201,13 +257,31 @@ fn top_p_filter_with_threshold(logits: &mut [f32], threshold: f32, min_tokens_to
     let lowest_candidate = candidates.iter().map(|c| c.0).fold(f32::INFINITY, f32::min);
 
     // Ascending by score; among equal scores the higher id first, so it is the one removed.
-    candidates.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
-    let removable = candidates.len() - keep_min;
-    // Cumulative sum accumulated in double and stored as float32, as torch's CPU cumsum does.
-    let mut cumulative = base;
-    let mut removed = 0;
-    for &(x, _) in &candidates[..removable] {
-        cumulative += prob(x) as f64;
+    let order = |a: &(f32, u32), b: &(f32, u32)| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1));
+    // Quickselect for the cut. Invariant: slice positions [lo, end) hold exactly the ranks [lo, end); ranks below
+    // `lo` are certainly removed (their cumulative sum is `below`), ranks from `hi` on certainly kept. Halve the
+    // unsure block [lo, hi) until it is small, then walk it in order.
+    let m = candidates.len();
+    let (mut lo, mut hi, mut end) = (0, m - keep_min, m);
+    let mut below = base;
+    while hi - lo > 32 {
+        let mid = lo + (hi - lo) / 2;
+        candidates[lo..end].select_nth_unstable_by(mid - lo, order);
+        let through_mid = below + candidates[lo..=mid].iter().map(|&(_, i)| probs[i as usize] as f64).sum::<f64>();
+        if (through_mid as f32) <= threshold {
+            lo = mid + 1;
+            below = through_mid;
+        } else {
+            hi = mid;
+            end = mid;
+        }
+    }
+    candidates[lo..end].sort_unstable_by(order);
+    // Cumulative sum in double, compared as float32, as torch's CPU cumsum does.
+    let mut cumulative = below;
+    let mut removed = lo;
+    for &(_, i) in &candidates[lo..hi] {
+        cumulative += probs[i as usize] as f64;
         if (cumulative as f32) <= threshold {
             removed += 1;
         } else {
@@ -227,41 +301,48 @@ fn top_p_filter_with_threshold(logits: &mut [f32], threshold: f32, min_tokens_to
 /// `MinPLogitsWarper`: removes tokens whose probability is below `min_p` times the top probability, keeping at least
 /// the `min_tokens_to_keep` most likely tokens.
 pub fn min_p_filter(logits: &mut [f32], min_p: f32, min_tokens_to_keep: usize) {
-    let Some((max, inv_sum)) = softmax_params(logits) else {
+    let Some(probs) = torch_softmax(logits) else {
         return;
     };
-    let top_prob = inv_sum; // exp(max - max) * inv_sum
+    let (top_prob, _) = max_and_nan(&probs);
     let scaled = min_p * top_prob;
-    // The k-th largest score: tokens at or above it are always kept (only needed when k > 1).
+    // The k-th largest score: tokens at or above it are always kept.
     let keep_from = if min_tokens_to_keep > 1 && min_tokens_to_keep < logits.len() {
-        let mut scratch = logits.to_vec();
-        let (_, kth, _) = scratch.select_nth_unstable_by(min_tokens_to_keep - 1, |a, b| b.total_cmp(a));
-        *kth
+        kth_largest(logits, min_tokens_to_keep)
     } else {
-        max
+        max_and_nan(logits).0
     };
-    for s in logits.iter_mut() {
-        if *s < keep_from && (*s - max).exp() * inv_sum < scaled {
+    for (s, &p) in logits.iter_mut().zip(&probs) {
+        if p < scaled && *s < keep_from {
             *s = NEG_INF;
         }
     }
 }
 
-/// Max score and 1/Σexp(x−max) of a row, for probabilities computed as torch does (`exp(x−max) * (1/sum)` in f32).
-/// `None` when torch's softmax would be NaN (a NaN score, +inf, or no finite score).
-fn softmax_params(logits: &[f32]) -> Option<(f32, f32)> {
-    let mut max = NEG_INF;
-    for &x in logits {
-        if x.is_nan() {
-            return None;
-        }
-        max = max.max(x);
-    }
-    if !max.is_finite() {
+/// Probabilities as torch computes them in float32, or `None` where torch's would be NaN (a NaN score, +inf, or
+/// no finite score).
+fn torch_softmax(logits: &[f32]) -> Option<Vec<f32>> {
+    let (max, has_nan) = max_and_nan(logits);
+    if has_nan || !max.is_finite() {
         return None;
     }
-    let sum: f64 = logits.iter().map(|&x| (x - max).exp() as f64).sum();
-    Some((max, (1.0 / sum) as f32))
+    let mut probs = logits.to_vec();
+    softmax_in_place(&mut probs);
+    Some(probs)
+}
+
+/// Runs `f` on the entries of `active` only (all others are `-inf` and stay so), or on the whole row.
+fn on_active(logits: &mut [f32], active: Option<&[u32]>, f: impl FnOnce(&mut [f32])) {
+    match active {
+        None => f(logits),
+        Some(ids) => {
+            let mut values: Vec<f32> = ids.iter().map(|&i| logits[i as usize]).collect();
+            f(&mut values);
+            for (&i, v) in ids.iter().zip(values) {
+                logits[i as usize] = v;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -401,37 +482,117 @@ mod tests {
         assert_ne!(1.0 - 0.9f32, 0.1f32);
     }
 
-    #[test]
-    fn top_p_prefilter_matches_a_full_sort_on_a_large_vocabulary() {
-        // A pseudo-random 50k vocabulary: compare with a straightforward full-sort implementation.
-        let n = 50_000;
-        let mut state = 12345u64;
-        let logits: Vec<f32> = (0..n)
+    fn pseudo_random_logits(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut state = seed;
+        (0..n)
             .map(|_| {
                 state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((state >> 33) as f32 / (1u64 << 31) as f32) * 12.0 - 6.0
+                ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
             })
-            .collect();
-        for top_p in [0.5f32, 0.9, 0.99] {
-            let mut fast = logits.clone();
-            top_p_filter(&mut fast, top_p, 1);
+            .collect()
+    }
 
-            let (max, inv) = softmax_params(&logits).unwrap();
-            let threshold = top_p_removal_threshold(top_p);
-            let mut order: Vec<usize> = (0..n).collect();
-            order.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)));
-            let mut reference = logits.clone();
-            let mut cumulative = 0.0f64;
-            for &i in &order[..n - 1] {
-                cumulative += ((logits[i] - max).exp() * inv) as f64;
-                if (cumulative as f32) <= threshold {
-                    reference[i] = NEG_INF;
+    #[test]
+    fn top_k_heap_path_matches_selection() {
+        let mut row = pseudo_random_logits(20_000, 5, 8.0);
+        for x in row.iter_mut().step_by(7) {
+            *x = x.round(); // ties
+        }
+        for x in row.iter_mut().step_by(11) {
+            *x = NEG_INF;
+        }
+        for k in [1, 2, 50, 100, 1000, 2500, 5000, 19_999] {
+            let mut sorted = row.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            assert_eq!(kth_largest(&row, k), sorted[k - 1], "k = {k}");
+        }
+        // A NaN ranks first, as in torch.topk, so the k-th value is the (k-1)-th of the rest.
+        let mut with_nan = row.clone();
+        with_nan[3] = f32::NAN;
+        let mut rest = row.clone();
+        rest.remove(3);
+        rest.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(kth_largest(&with_nan, 50), rest[48]);
+    }
+
+    #[test]
+    fn processor_on_top_k_survivors_matches_full_row_warpers() {
+        let c = sampling(|c| {
+            c.temperature = 0.8;
+            c.top_k = 200;
+            c.top_p = 0.8;
+            c.min_p = Some(0.05);
+        });
+        let p = LogitsProcessor::new(&c, 0).unwrap();
+        for seed in 0..5 {
+            let row = pseudo_random_logits(30_000, seed, 10.0);
+            let mut fast = row.clone();
+            p.process(&[], &mut fast);
+            let mut full = row.clone();
+            apply_temperature(&mut full, 0.8);
+            top_k_filter(&mut full, 200, 1);
+            top_p_filter(&mut full, 0.8, 1);
+            min_p_filter(&mut full, 0.05, 1);
+            assert_eq!(fast, full, "seed {seed}");
+            assert!(!kept(&fast).is_empty() && kept(&fast).len() <= 200);
+        }
+    }
+
+    /// Straightforward top-p: full stable-order sort, sequential cumulative sum.
+    fn top_p_reference(logits: &[f32], top_p: f32, keep_min: usize) -> Vec<usize> {
+        let n = logits.len();
+        let Some(probs) = torch_softmax(logits) else { return (0..n).collect() };
+        let threshold = top_p_removal_threshold(top_p);
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)));
+        let mut out = logits.to_vec();
+        let mut cumulative = 0.0f64;
+        for &i in &order[..n.saturating_sub(keep_min)] {
+            cumulative += probs[i] as f64;
+            if (cumulative as f32) <= threshold {
+                out[i] = NEG_INF;
+            }
+        }
+        kept(&out)
+    }
+
+    #[test]
+    fn top_p_matches_a_full_sort_on_large_vocabularies() {
+        let mut state = 12345u64;
+        let mut uniform = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let n = 50_000;
+        let flat: Vec<f32> = (0..n).map(|_| uniform() * 12.0 - 6.0).collect();
+        let peaked: Vec<f32> = flat.iter().map(|x| x * 4.0).collect();
+        let nearly_uniform: Vec<f32> = flat.iter().map(|x| x * 0.01).collect();
+        let tied: Vec<f32> = flat.iter().map(|x| x.round()).collect();
+        let mut masked = flat.clone();
+        for (i, x) in masked.iter_mut().enumerate() {
+            if i % 3 != 0 {
+                *x = NEG_INF;
+            }
+        }
+        for (name, logits) in
+            [("flat", &flat), ("peaked", &peaked), ("nearly uniform", &nearly_uniform), ("tied", &tied), ("masked", &masked)]
+        {
+            for top_p in [0.0f32, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999] {
+                for keep_min in [1, 3] {
+                    let mut fast = logits.clone();
+                    top_p_filter(&mut fast, top_p, keep_min);
+                    let expected = top_p_reference(logits, top_p, keep_min);
+                    assert_eq!(kept(&fast), expected, "{name}, top_p = {top_p}, keep {keep_min}");
+                    assert!(expected.len() >= keep_min);
                 }
             }
-            assert_eq!(kept(&fast), kept(&reference), "top_p = {top_p}");
-            let mass: f32 = kept(&fast).iter().map(|&i| (logits[i] - max).exp() * inv).sum();
-            assert!(mass >= top_p - 1e-4, "kept mass {mass} must reach top_p {top_p}");
         }
+        // Kept mass reaches top_p.
+        let mut row = flat.clone();
+        top_p_filter(&mut row, 0.9, 1);
+        let probs = torch_softmax(&flat).unwrap();
+        let mass: f32 = kept(&row).iter().map(|&i| probs[i]).sum();
+        assert!(mass >= 0.9 - 1e-4, "{mass}");
     }
 
     #[test]
@@ -512,5 +673,52 @@ mod tests {
         top_p_filter(&mut empty, 0.5, 1);
         min_p_filter(&mut empty, 0.5, 1);
         apply_repetition_penalty(&mut empty, &[3], 1.2);
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+
+    /// Timing on a 152k vocabulary: `cargo test --release -p augur logits::speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn process_152k_vocabulary() {
+        let n = 151_936;
+        let mut state = 99u64;
+        let logits: Vec<f32> = (0..n)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 33) as f32 / (1u64 << 31) as f32) * 20.0 - 10.0
+            })
+            .collect();
+        let context: Vec<u32> = (0..4000u32).map(|i| (i * 37) % n as u32).collect();
+        let sampling = GenerationConfig { do_sample: true, ..Default::default() };
+        for (name, c) in [
+            ("greedy + repetition penalty", GenerationConfig { repetition_penalty: 1.1, ..Default::default() }),
+            ("t 0.7, top-k 50, top-p 0.9, rp 1.1", GenerationConfig {
+                temperature: 0.7,
+                top_p: 0.9,
+                repetition_penalty: 1.1,
+                ..sampling.clone()
+            }),
+            ("top-p 0.95 alone", GenerationConfig { top_k: 0, top_p: 0.95, ..sampling.clone() }),
+            ("top-p 0.999 alone", GenerationConfig { top_k: 0, top_p: 0.999, ..sampling.clone() }),
+            ("min-p 0.05 alone", GenerationConfig { top_k: 0, min_p: Some(0.05), ..sampling.clone() }),
+        ] {
+            let p = LogitsProcessor::new(&c, 10).unwrap();
+            let start = std::time::Instant::now();
+            for _ in 0..20 {
+                let mut row = logits.clone();
+                p.process(&context, &mut row);
+                std::hint::black_box(&row);
+            }
+            eprintln!("{name}: {:?} per row", start.elapsed() / 20);
+        }
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            std::hint::black_box(crate::generation::sampler::softmax(&logits));
+        }
+        eprintln!("softmax: {:?} per row", start.elapsed() / 20);
     }
 }

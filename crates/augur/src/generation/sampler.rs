@@ -34,32 +34,96 @@ pub fn softmax(logits: &[f32]) -> Vec<f32> {
 
 /// [`softmax`] without allocating.
 pub fn softmax_in_place(values: &mut [f32]) {
-    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let (max, has_nan) = max_and_nan(values);
+    if has_nan {
+        values.fill(f32::NAN);
+        return;
+    }
     if max == f32::NEG_INFINITY {
-        if values.iter().any(|x| x.is_nan()) {
-            values.fill(f32::NAN);
-        } else {
-            values.fill(0.0);
-        }
+        values.fill(0.0);
         return;
     }
     if max == f32::INFINITY {
         let n = values.iter().filter(|&&x| x == f32::INFINITY).count() as f32;
         for v in values.iter_mut() {
-            *v = if *v == f32::INFINITY { 1.0 / n } else if v.is_nan() { f32::NAN } else { 0.0 };
+            *v = if *v == f32::INFINITY { 1.0 / n } else { 0.0 };
         }
         return;
     }
-    // Exponentials in f32 like torch; the sum in f64 so that 150k small terms do not lose precision.
-    let mut sum = 0.0f64;
     for v in values.iter_mut() {
-        let e = (*v - max).exp();
-        *v = e;
-        sum += e as f64;
+        *v = exp_f32(*v - max);
     }
-    let inv = (1.0 / sum) as f32;
+    let inv = (1.0 / sum_f64(values)) as f32;
     for v in values.iter_mut() {
         *v *= inv;
+    }
+}
+
+/// Largest value ignoring NaN (`-inf` for none), and whether there is a NaN. Eight lanes so it vectorises.
+pub(crate) fn max_and_nan(values: &[f32]) -> (f32, bool) {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut nan = false;
+    let chunks = values.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x > *m { x } else { *m };
+            nan |= x.is_nan();
+        }
+    }
+    for &x in rest {
+        lanes[0] = if x > lanes[0] { x } else { lanes[0] };
+        nan |= x.is_nan();
+    }
+    (lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max), nan)
+}
+
+/// Sum in double precision (so 150k small terms lose nothing), eight lanes so it vectorises.
+pub(crate) fn sum_f64(values: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let chunks = values.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (s, &x) in lanes.iter_mut().zip(chunk) {
+            *s += x as f64;
+        }
+    }
+    lanes.iter().sum::<f64>() + rest.iter().map(|&x| x as f64).sum::<f64>()
+}
+
+/// `exp` for softmax over large vocabularies: Cephes' single-precision polynomial (about 1 ulp, like torch's
+/// vectorised exp), branch-free so loops over it vectorise; `std`'s `exp` is a scalar libm call. Results below
+/// e^-87 (1.6e-38) flush to 0, which also keeps slow denormals out of the sums.
+#[inline(always)]
+pub(crate) fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer held in the low mantissa bits
+    const C1: f32 = 0.693_359_4; // ln 2 split in two for an exact range reduction
+    const C2: f32 = -2.121_944_4e-4;
+    const LO: f32 = -87.0;
+    const HI: f32 = 88.722_83; // ln(f32::MAX), rounded down
+    let xc = if x < LO { LO } else { x };
+    let xc = if xc > HI { HI } else { xc };
+    let shifted = xc * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let k = shifted.to_bits() as i32 - ROUND.to_bits() as i32; // n as an integer, in [-126, 128]
+    let r = xc - n * C1 - n * C2;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = p * (r * r) + r + 1.0;
+    // 2^k in two halves, since 2^128 is not a float32.
+    let h = k >> 1;
+    let s1 = f32::from_bits(((h + 127) as u32) << 23);
+    let s2 = f32::from_bits(((k - h + 127) as u32) << 23);
+    let v = y * s1 * s2;
+    if x < LO {
+        0.0
+    } else if x > HI {
+        f32::INFINITY
+    } else {
+        v
     }
 }
 
@@ -154,7 +218,42 @@ mod tests {
 
         assert_eq!(softmax(&[NEG_INF, NEG_INF]), vec![0.0, 0.0]);
         assert_eq!(softmax(&[f32::INFINITY, 1.0, f32::INFINITY]), vec![0.5, 0.0, 0.5]);
+        assert!(softmax(&[f32::NEG_INFINITY, f32::NAN]).iter().all(|p| p.is_nan()));
         assert!(softmax(&[1.0, f32::NAN]).iter().all(|p| p.is_nan()));
+    }
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x <= 88.7 {
+            let exact = (x as f64).exp();
+            let rel = ((exp_f32(x) as f64 - exact) / exact).abs();
+            worst = worst.max(rel);
+            x += 0.0137;
+        }
+        assert!(worst < 3.0e-7, "worst relative error {worst}");
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-200.0), 0.0);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert!((exp_f32(88.7) / 88.7f32.exp() - 1.0).abs() < 1e-6);
+        assert_eq!(exp_f32(88.8), f32::INFINITY);
+    }
+
+    #[test]
+    fn max_and_sum_helpers() {
+        let v: Vec<f32> = (0..21).map(|i| i as f32 - 3.0).collect();
+        assert_eq!(max_and_nan(&v), (17.0, false));
+        assert_eq!(sum_f64(&v), (0..21).map(|i| i as f64 - 3.0).sum::<f64>());
+        let mut w = v.clone();
+        w[19] = f32::NAN;
+        assert_eq!(max_and_nan(&w), (17.0, true));
+        w[19] = 16.0;
+        w[2] = f32::NAN;
+        assert_eq!(max_and_nan(&w), (17.0, true));
+        assert_eq!(max_and_nan(&[]), (f32::NEG_INFINITY, false));
     }
 
     #[test]
