@@ -35,7 +35,11 @@ pub struct LoadedLm {
 impl LoadedLm {
     /// Loads a GGUF file or a Hugging Face model directory, with its tokenizer.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
-        let loaded = model::load(path, device)?;
+        Self::load_with(path, device, &model::LoadOptions::default())
+    }
+
+    pub fn load_with(path: &Path, device: &Device, opts: &model::LoadOptions) -> Result<Self> {
+        let loaded = model::load_with(path, device, opts)?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match &loaded.gguf {
             Some(content) => (Tokenizer::from_gguf(content, path)?, GenerationOptions::default()),

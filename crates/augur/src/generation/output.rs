@@ -30,6 +30,10 @@ pub struct GenerationStats {
     pub mean_accepted_per_forward: f64,
     pub draft_seconds: f64,
     pub verify_seconds: f64,
+    /// Per speculative round: drafts proposed and drafts kept (Transformers' `n`, after the EOS and length
+    /// cut).
+    #[serde(skip)]
+    pub rounds: Vec<(usize, usize)>,
 }
 
 impl GenerationStats {

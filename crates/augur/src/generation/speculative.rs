@@ -71,7 +71,9 @@ pub fn generate(
         let kept = emitter.accept(&block)?;
         stats.drafted += gamma;
         // A draft cut by EOS, the budget or a stop string was not used, whatever the verdict.
-        stats.accepted += accepted.min(kept);
+        let n = kept - 1;
+        stats.accepted += n;
+        stats.rounds.push((gamma, n));
         // The cache keeps the accepted drafts; the new last token is fed next round.
         target.truncate(len + accepted);
         drafter.observe(emitter.tokens(), gamma, accepted)?;

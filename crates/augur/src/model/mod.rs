@@ -95,15 +95,29 @@ fn info(w: &Weights) -> WeightsInfo {
     WeightsInfo { format: if w.is_gguf() { "gguf" } else { "safetensors" }, parameters: w.parameter_count(), dtypes }
 }
 
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Dequantize GGUF weights to f32 (slow; the reference path for comparisons with Transformers, which
+    /// dequantizes GGUF files too).
+    pub dequantize: bool,
+}
+
 /// Loads a GGUF file or a Hugging Face model directory.
 pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
+    load_with(path, device, &LoadOptions::default())
+}
+
+pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
     if path.is_dir() {
         let cfg = ModelConfig::from_hf_file(&path.join("config.json"))?;
-        let w = Weights::open_safetensors(path, cfg.architecture, device)?;
+        let mut w = Weights::open_safetensors(path, cfg.architecture, device)?;
+        w.dequantize = opts.dequantize;
         let weights_info = info(&w);
         Ok(LoadedModel { model: build(cfg, &w)?, weights_info, gguf: None })
     } else if path.is_file() {
-        let (w, content) = Weights::open_gguf(path, device)?;
+        let (mut w, content) = Weights::open_gguf(path, device)?;
+        w.dequantize = opts.dequantize;
         let mut cfg = ModelConfig::from_gguf(&content)?;
         if w.contains("rope_freqs.weight") {
             let f = w.f32("rope_freqs.weight", &[cfg.head_dim / 2])?.to_vec1::<f32>()?;

@@ -23,6 +23,8 @@ pub struct Weights {
     path: PathBuf,
     arch: Architecture,
     device: Device,
+    /// Dequantize every tensor to f32 at load: the reference path for comparing with another implementation.
+    pub dequantize: bool,
 }
 
 /// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense f32.
@@ -165,6 +167,7 @@ impl Weights {
                 path: path.to_path_buf(),
                 arch,
                 device: device.clone(),
+                dequantize: false,
             },
             content,
         ))
@@ -208,7 +211,13 @@ impl Weights {
         let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| {
             Error::BadFile { path: dir.to_path_buf(), format: "safetensors", reason: e.to_string() }
         })?;
-        Ok(Weights { source: Source::Safetensors { tensors }, path: dir.to_path_buf(), arch, device: device.clone() })
+        Ok(Weights {
+            source: Source::Safetensors { tensors },
+            path: dir.to_path_buf(),
+            arch,
+            device: device.clone(),
+            dequantize: false,
+        })
     }
 
     pub fn is_gguf(&self) -> bool {
@@ -278,7 +287,7 @@ impl Weights {
 
     pub fn linear(&self, hf_prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
         let wname = format!("{hf_prefix}.weight");
-        let weight = if self.is_gguf() {
+        let weight = if self.is_gguf() && !self.dequantize {
             QMatMul::from_arc(self.matrix(&wname, &[out_dim, in_dim])?)?
         } else {
             QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?)
@@ -288,7 +297,7 @@ impl Weights {
     }
 
     pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
-        if self.is_gguf() {
+        if self.is_gguf() && !self.dequantize {
             let q = self.matrix(hf, &[vocab, hidden])?;
             if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
                 Ok(Embedding::Dense(q.dequantize(&self.device)?))
