@@ -210,6 +210,8 @@ fn assistant_knobs(
             .clone(),
         assistant_confidence_threshold: pick(|o| o.assistant_confidence_threshold.is_some())
             .assistant_confidence_threshold,
+        assistant_confidence_adaptive: pick(|o| o.assistant_confidence_adaptive.is_some())
+            .assistant_confidence_adaptive,
         ..GenerationOptions::default()
     }
 }

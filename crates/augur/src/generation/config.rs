@@ -150,6 +150,9 @@ generation_fields! {
     /// The assistant stops drafting when its drafted token's probability is below this (effective default 0.4;
     /// 0 disables).
     assistant_confidence_threshold: opt f32 = (), parse_de::<f32>;
+    /// Adapt the confidence threshold by the ROC rule after every round (default true: Transformers does it
+    /// when scikit-learn is installed; false gives its behaviour without scikit-learn). Not a Transformers field.
+    assistant_confidence_adaptive: opt bool = (), parse_de::<bool>;
     /// Enables prompt lookup decoding: maximum continuation length copied from an n-gram match.
     prompt_lookup_num_tokens: opt usize = (), parse_de::<usize>;
     /// Largest n-gram tried first by prompt lookup (effective default 2; 0 also means 2, as `0 or 2` in Python).

@@ -40,7 +40,7 @@ impl<'m> AssistantModel<'m> {
                 cfg.effective_num_assistant_tokens(),
                 cfg.assistant_tokens_schedule(),
                 cfg.effective_assistant_confidence_threshold(),
-                true,
+                cfg.assistant_confidence_adaptive.unwrap_or(true),
             ),
             eos: cfg.eos_token_id.clone(),
             target_vocab,
