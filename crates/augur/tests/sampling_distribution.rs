@@ -1,0 +1,131 @@
+//! Speculative sampling keeps the target's distribution: over thousands of seeded draws, the first two
+//! sampled tokens follow the same distribution with the assistant model and with prompt lookup as with plain
+//! sampling (a chi-square two-sample test at α = 0.001), and a deliberately wrong verifier fails the test.
+
+mod common;
+
+use std::collections::HashMap;
+
+use augur::generation::config::{GenerationConfig, GenerationOptions};
+use augur::generation::drafters::{AssistantModel, Draft, Drafter};
+use augur::generation::output::{Emitter, GenerationStats};
+use augur::generation::speculative;
+use common::*;
+
+const DRAWS: usize = 3000;
+
+fn sampling(seed: u64) -> GenerationOptions {
+    GenerationOptions {
+        do_sample: Some(true),
+        top_k: Some(6),
+        temperature: Some(1.5),
+        seed: Some(seed),
+        num_assistant_tokens: Some(3),
+        assistant_confidence_threshold: Some(0.0),
+        ..greedy(2)
+    }
+}
+
+const PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
+
+fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
+    let mut h = HashMap::new();
+    for seed in 0..DRAWS as u64 {
+        *h.entry(draw(seed)).or_default() += 1;
+    }
+    h
+}
+
+/// Chi-square statistic of two samples of equal size, and its critical value at α = 0.001 (Wilson–Hilferty).
+fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
+    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    // Pool rare categories so that every expected count is at least 5.
+    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
+    let cell = |x: f64, y: f64, stat: &mut f64, df: &mut usize| {
+        *stat += (x - y) * (x - y) / (x + y);
+        *df += 1;
+    };
+    for k in keys {
+        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
+        if x + y < 10.0 {
+            pooled = (pooled.0 + x, pooled.1 + y);
+        } else {
+            cell(x, y, &mut stat, &mut df);
+        }
+    }
+    if pooled.0 + pooled.1 > 0.0 {
+        cell(pooled.0, pooled.1, &mut stat, &mut df);
+    }
+    let k = (df - 1) as f64;
+    let z = 3.090; // one-sided 0.001 quantile of the standard normal
+    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    (stat, critical)
+}
+
+fn plain_draws() -> HashMap<Vec<u32>, usize> {
+    let mut pipe = pipeline("tiny-llama", None);
+    histogram(|s| pipe.generate_ids(&PROMPT, &sampling(s + 1_000_000), None).unwrap().tokens)
+}
+
+#[test]
+fn speculative_sampling_keeps_the_target_distribution() {
+    let plain = plain_draws();
+    assert!(plain.len() > 5, "the test needs a spread distribution, got {} outcomes", plain.len());
+    let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let assisted = histogram(|s| pipe.generate_ids(&PROMPT, &sampling(s), None).unwrap().tokens);
+    let (stat, critical) = chi_square(&plain, &assisted);
+    assert!(stat < critical, "assistant model: chi-square {stat:.1} ≥ {critical:.1}");
+    let mut pipe = pipeline("tiny-llama", None);
+    let lookup = histogram(|s| {
+        let o = GenerationOptions { prompt_lookup_num_tokens: Some(3), ..sampling(s) };
+        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+    });
+    let (stat, critical) = chi_square(&plain, &lookup);
+    assert!(stat < critical, "prompt lookup: chi-square {stat:.1} ≥ {critical:.1}");
+}
+
+/// A drafter whose reported `q` makes the verifier accept every draft (`q(x)` ≈ 0, so `p/q` is huge): the
+/// always-accepting verifier the test must catch. It drafts, at each position, the least likely token that
+/// the assistant's distribution still allows, which plain sampling rarely picks.
+struct AlwaysAccepted<'m>(AssistantModel<'m>);
+
+impl Drafter for AlwaysAccepted<'_> {
+    fn method(&self) -> &'static str {
+        "always_accepted"
+    }
+    fn propose(&mut self, context: &[u32], max: usize) -> augur::Result<Draft> {
+        let mut d = self.0.propose(context, max)?;
+        if let Some(q) = d.q.as_mut() {
+            for (row, t) in q.iter_mut().zip(d.tokens.iter_mut()) {
+                let rare = (0..row.len()).filter(|&i| row[i] > 0.0).min_by(|&a, &b| row[a].total_cmp(&row[b]));
+                *t = rare.unwrap_or(*t as usize) as u32;
+                row[*t as usize] = 1e-12;
+            }
+        }
+        Ok(d)
+    }
+    fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> augur::Result<()> {
+        self.0.observe(context, proposed, accepted)
+    }
+}
+
+#[test]
+fn a_verifier_that_always_accepts_fails_the_test() {
+    let plain = plain_draws();
+    let mut target = load(&fixtures().join("tiny-llama"), false);
+    let mut assistant = load(&fixtures().join("tiny-llama-assistant"), false);
+    let vocab = target.config().vocab_size;
+    let broken = histogram(|s| {
+        let cfg = GenerationConfig::from_options(&sampling(s));
+        target.model.truncate(0);
+        let mut drafter = AlwaysAccepted(AssistantModel::new(assistant.model.as_mut(), &cfg, PROMPT.len(), vocab).unwrap());
+        let mut emitter = Emitter::new(&target.tokenizer, &PROMPT, 2, vec![], vec![], None);
+        let mut stats = GenerationStats::default();
+        speculative::generate(target.model.as_mut(), &mut drafter, &cfg, &mut emitter, &mut stats).unwrap();
+        emitter.into_output(stats).tokens
+    });
+    let (stat, critical) = chi_square(&plain, &broken);
+    assert!(stat > critical, "the broken verifier went unnoticed: chi-square {stat:.1} < {critical:.1}");
+}
