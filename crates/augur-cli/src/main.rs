@@ -128,19 +128,14 @@ impl GenerateArgs {
     }
 }
 
+/// candle's CPU kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS` when it is first used.
 fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
         }
-        rayon_threads(n)?;
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
-    Ok(())
-}
-
-/// candle's CPU kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS` when it is first used.
-fn rayon_threads(n: usize) -> Result<()> {
-    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     Ok(())
 }
 
@@ -208,7 +203,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
 
 fn info(model: Option<String>) -> Result<()> {
     let path = augur::resolve::resolve_model(model.as_deref())?;
-    let lm = LoadedLm::load(&path, &candle_core_device())?;
+    let lm = LoadedLm::load(&path, &augur::Device::Cpu)?;
     let c = lm.config();
     let quant: Vec<String> = lm.weights.dtypes.iter().map(|(d, n)| format!("{d}×{n}")).collect();
     println!("model:          {}", path.display());
@@ -222,10 +217,6 @@ fn info(model: Option<String>) -> Result<()> {
     println!("tokenizer:      {} ({} tokens)", lm.tokenizer.kind(), lm.tokenizer.vocab_size());
     println!("chat template:  {}", if lm.tokenizer.chat_template().is_some() { "yes" } else { "no" });
     Ok(())
-}
-
-fn candle_core_device() -> augur::Device {
-    augur::Device::Cpu
 }
 
 fn main() {

@@ -3,6 +3,9 @@
 //!
 //! Data flows one way: files → weights and config → model → logits → processors → verifier → tokens →
 //! detokenizer → caller.
+//!
+//! The README follows; its Rust example is compiled as a doc test.
+#![doc = include_str!("../../../README.md")]
 
 pub mod error;
 pub mod generation;

@@ -1,0 +1,83 @@
+//! The real default model, SmolLM2-135M-Instruct (GGUF Q4_1, fetched by `.ci/run`): greedy tokens equal
+//! Transformers' on the same file through the dequantized f32 path, and prompt lookup over Spec-Bench
+//! prompts gives exactly the plain greedy tokens on the quantized path.
+
+mod common;
+
+use augur::generation::config::GenerationOptions;
+use augur::pipeline::{Pipeline, Prompt};
+use augur::tokenizer::ChatMessage;
+use common::*;
+
+const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[test]
+fn greedy_matches_transformers_on_the_dequantized_file() {
+    let g = golden("smollm2-gguf.json");
+    let lm = load(&real_model(FILE), true);
+    let mut pipe = Pipeline { target: lm, assistant: None, defaults: Default::default() };
+    for p in g["prompts"].as_array().unwrap() {
+        let input = ids(&p["input_ids"]);
+        if let Some(messages) = p["messages"].as_array() {
+            let msgs: Vec<ChatMessage> = messages
+                .iter()
+                .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .collect();
+            assert_eq!(pipe.encode(&Prompt::Chat(msgs), true).unwrap(), input, "chat template + tokenizer");
+        } else {
+            let text = p["text"].as_str().unwrap();
+            assert_eq!(pipe.encode(&Prompt::Text(text.into()), true).unwrap(), input, "tokenizer on {text:?}");
+        }
+        // The first 16 tokens keep the test short on 2 cores; the recorded top-2 margins there are all above 4e-3.
+        let want: Vec<u32> = ids(&p["greedy"]).into_iter().take(16).collect();
+        let got = pipe.generate_ids(&input, &greedy(want.len()), None).unwrap();
+        assert_eq!(got.tokens, want, "greedy on {:?}", p["text"]);
+    }
+}
+
+#[test]
+fn prompt_lookup_is_lossless_on_spec_bench() {
+    let path = PathBufExt::shared().join("data/spec_bench/question.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let lm = load(&real_model(FILE), false);
+    let mut pipe = Pipeline { target: lm, assistant: None, defaults: Default::default() };
+    // The first two prompts of each category whose question fits in 2,000 characters (long summarization and
+    // RAG prompts would make this test minutes long on 2 cores): 20 prompts in all.
+    let mut per_category = std::collections::HashMap::new();
+    let mut checked = 0;
+    let (mut drafted, mut accepted) = (0, 0);
+    for line in text.lines() {
+        let q: serde_json::Value = serde_json::from_str(line).unwrap();
+        let cat = q["category"].as_str().unwrap().to_string();
+        if q["turns"][0].as_str().unwrap().len() > 2000 {
+            continue;
+        }
+        let n = per_category.entry(cat).or_insert(0);
+        if *n >= 2 || checked >= 20 {
+            continue;
+        }
+        *n += 1;
+        let prompt = Prompt::Chat(vec![ChatMessage::user(q["turns"][0].as_str().unwrap())]);
+        let base = GenerationOptions { max_new_tokens: Some(24), ..Default::default() };
+        let plain = pipe.generate(&prompt, &base, None).unwrap();
+        let lookup = GenerationOptions { prompt_lookup_num_tokens: Some(10), ..base };
+        let spec = pipe.generate(&prompt, &lookup, None).unwrap();
+        assert_eq!(spec.tokens, plain.tokens, "question {}", q["question_id"]);
+        assert_eq!(spec.text, plain.text);
+        drafted += spec.stats.drafted;
+        accepted += spec.stats.accepted;
+        checked += 1;
+    }
+    assert_eq!(checked, 20);
+    assert!(accepted > 0 && drafted > 0, "prompt lookup never drafted or never hit ({accepted}/{drafted})");
+}
+
+/// `../shared` beside the checkout, as CI lays it out (or `AUGUR_SHARED_DIR`).
+struct PathBufExt;
+impl PathBufExt {
+    fn shared() -> std::path::PathBuf {
+        std::env::var_os("AUGUR_SHARED_DIR")
+            .map(Into::into)
+            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
+    }
+}
