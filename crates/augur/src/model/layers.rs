@@ -104,8 +104,6 @@ impl Rope {
 pub struct Step {
     /// Cache position of the first new token.
     pub start: usize,
-    /// Number of new tokens.
-    pub len: usize,
     /// `(cos, sin)` for full-attention layers and for sliding-window layers (which may use another base).
     pub rope_full: (Tensor, Tensor),
     pub rope_sliding: (Tensor, Tensor),
@@ -379,7 +377,6 @@ impl<B: Block> CausalLm for Decoder<B> {
         }
         let step = Step {
             start,
-            len: t,
             rope_full: self.ropes.full.cos_sin(start, t, &self.device)?,
             rope_sliding: self.ropes.sliding.cos_sin(start, t, &self.device)?,
         };

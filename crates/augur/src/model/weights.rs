@@ -275,37 +275,35 @@ impl Weights {
         }
     }
 
-    /// Weights used in products: quantized tensors stay quantized, the rest become dense f32
-    /// (bf16 is widened once here rather than on every product, see the CPU notes).
-    fn matrix(&self, hf: &str, shape: &[usize]) -> Result<Arc<QTensor>> {
-        let name = self.stored_name(hf);
+    /// A weight used in products as stored (quantized) when it comes from a GGUF file; `None` where it is
+    /// used as dense f32 instead: safetensors (bf16 is widened once here rather than on every product, see the
+    /// CPU notes) or a dequantized load.
+    fn quantized(&self, hf: &str, shape: &[usize]) -> Result<Option<Arc<QTensor>>> {
         match &self.source {
-            Source::Gguf { content, file } => Ok(Arc::new(self.qtensor(content, file, &name, shape)?)),
-            Source::Safetensors { .. } => unreachable!("dense weights do not go through QTensor"),
+            Source::Gguf { content, file } if !self.dequantize => {
+                Ok(Some(Arc::new(self.qtensor(content, file, &self.stored_name(hf), shape)?)))
+            }
+            _ => Ok(None),
         }
     }
 
     pub fn linear(&self, hf_prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
         let wname = format!("{hf_prefix}.weight");
-        let weight = if self.is_gguf() && !self.dequantize {
-            QMatMul::from_arc(self.matrix(&wname, &[out_dim, in_dim])?)?
-        } else {
-            QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?)
+        let weight = match self.quantized(&wname, &[out_dim, in_dim])? {
+            Some(q) => QMatMul::from_arc(q)?,
+            None => QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?),
         };
         let bias = if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None };
         Ok(Linear { weight, bias })
     }
 
     pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
-        if self.is_gguf() && !self.dequantize {
-            let q = self.matrix(hf, &[vocab, hidden])?;
-            if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+        match self.quantized(hf, &[vocab, hidden])? {
+            Some(q) if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
                 Ok(Embedding::Dense(q.dequantize(&self.device)?))
-            } else {
-                Ok(Embedding::Quantized(q))
             }
-        } else {
-            Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?))
+            Some(q) => Ok(Embedding::Quantized(q)),
+            None => Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?)),
         }
     }
 
