@@ -9,6 +9,8 @@ use augur::pipeline::{LoadedLm, Pipeline, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::{Args, Parser, Subcommand};
 
+mod bench;
+
 #[derive(Parser)]
 #[command(name = "augur", version, about = "Assisted (speculative) decoding for LLMs, with Transformers' semantics")]
 struct Cli {
@@ -25,6 +27,9 @@ enum Command {
         /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
         model: Option<String>,
     },
+    /// Measure speed: prefill, decode and k-token forward cost; or, with --prompts, plain decoding against
+    /// speculative methods over Spec-Bench prompts.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -129,7 +134,7 @@ impl GenerateArgs {
 }
 
 /// candle's CPU kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS` when it is first used.
-fn set_threads(threads: Option<usize>) -> Result<()> {
+pub(crate) fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
@@ -224,6 +229,7 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate(args),
         Command::Info { model } => info(model),
+        Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

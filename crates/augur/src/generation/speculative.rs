@@ -4,8 +4,9 @@
 use std::time::Instant;
 
 use super::config::GenerationConfig;
+use super::cost_model::{CostModel, DraftCap};
 use super::decode::logits_rows;
-use super::drafters::Drafter;
+use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
@@ -25,13 +26,20 @@ pub fn generate(
     let start = Instant::now();
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::new(cfg.seed);
+    let mut cost = cfg.cost_aware_drafting.then(CostModel::new);
     stats.method = drafter.method().into();
     while !emitter.is_finished() {
         // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
-        let max_drafts = emitter.remaining().saturating_sub(1);
+        let mut max_drafts = emitter.remaining().saturating_sub(1);
+        let cap = cost.as_mut().map_or(DraftCap::Unlimited, CostModel::next_cap);
+        let plain_step = cap == DraftCap::AtMost(0);
+        if let DraftCap::AtMost(g) = cap {
+            max_drafts = max_drafts.min(g);
+        }
         let t0 = Instant::now();
-        let draft = drafter.propose(emitter.tokens(), max_drafts)?;
-        stats.draft_seconds += t0.elapsed().as_secs_f64();
+        let draft = if plain_step { Draft::default() } else { drafter.propose(emitter.tokens(), max_drafts)? };
+        let draft_seconds = t0.elapsed().as_secs_f64();
+        stats.draft_seconds += draft_seconds;
         let gamma = draft.tokens.len().min(max_drafts);
         let drafts = &draft.tokens[..gamma];
 
@@ -64,7 +72,11 @@ pub fn generate(
         } else {
             accept_prefix(drafts, &rows)
         };
-        stats.verify_seconds += t1.elapsed().as_secs_f64();
+        let verify_seconds = t1.elapsed().as_secs_f64();
+        stats.verify_seconds += verify_seconds;
+        if let Some(c) = cost.as_mut() {
+            c.record(gamma, accepted, draft_seconds, verify_seconds);
+        }
 
         let mut block = drafts[..accepted].to_vec();
         block.push(next);
@@ -76,7 +88,9 @@ pub fn generate(
         stats.rounds.push((gamma, n));
         // The cache keeps the accepted drafts; the new last token is fed next round.
         target.truncate(len + accepted);
-        drafter.observe(emitter.tokens(), gamma, accepted)?;
+        if !plain_step {
+            drafter.observe(emitter.tokens(), gamma, accepted)?;
+        }
     }
     stats.new_tokens = emitter.generated().len();
     Ok(())

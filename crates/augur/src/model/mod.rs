@@ -7,6 +7,7 @@ mod gemma3;
 pub mod kv_cache;
 pub mod layers;
 mod llama;
+mod qkernels;
 mod qwen2;
 pub mod weights;
 
