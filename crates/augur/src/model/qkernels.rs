@@ -100,8 +100,9 @@ impl BlockMatrix {
             let first = task * ROWS_PER_TASK;
             for (i, outs) in chunk.chunks_mut(m).enumerate() {
                 let w = &self.data[(first + i) * row_bytes..(first + i + 1) * row_bytes];
-                for (r, o) in outs.iter_mut().enumerate() {
-                    *o = dot(self.kind, simd, w, &act[r * nb..(r + 1) * nb]);
+                for (tile, o) in outs.chunks_mut(TILE).enumerate() {
+                    let rows = tile * TILE..tile * TILE + o.len();
+                    dot_rows(self.kind, simd, w, &act[rows.start * nb..rows.end * nb], o);
                 }
             }
         });
@@ -117,6 +118,9 @@ impl BlockMatrix {
         out
     }
 }
+
+/// Activation rows that share one unpacking of each weight block.
+const TILE: usize = 4;
 
 /// Weight rows per parallel task: enough work to amortize scheduling, small enough to balance two cores.
 const ROWS_PER_TASK: usize = 32;
@@ -145,19 +149,33 @@ enum Simd {
 impl Simd {
     fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             return Simd::Avx2;
         }
         Simd::Scalar
     }
 }
 
-fn dot(kind: BlockKind, simd: Simd, w: &[u8], act: &[Q8Block]) -> f32 {
+/// `out[r]` = weight row `w` · activation row `r` of `acts` (`out.len()` rows of `w`'s block count, at most
+/// [`TILE`]). Every row gets the same arithmetic in the same order whatever the number of rows.
+fn dot_rows(kind: BlockKind, simd: Simd, w: &[u8], acts: &[Q8Block], out: &mut [f32]) {
+    let nb = acts.len() / out.len();
     match simd {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2 and FMA were detected at run time; `w` holds `act.len()` blocks of `kind`.
-        Simd::Avx2 => unsafe { avx2::dot(kind, w, act) },
-        _ => dot_scalar(kind, w, act),
+        // SAFETY: AVX2, FMA and F16C were detected at run time; `w` holds `nb` blocks of `kind`.
+        Simd::Avx2 => unsafe {
+            match out.len() {
+                1 => avx2::dot_tile::<1>(kind, w, acts, nb, out),
+                2 => avx2::dot_tile::<2>(kind, w, acts, nb, out),
+                3 => avx2::dot_tile::<3>(kind, w, acts, nb, out),
+                _ => avx2::dot_tile::<TILE>(kind, w, acts, nb, out),
+            }
+        },
+        _ => {
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = dot_scalar(kind, w, &acts[r * nb..(r + 1) * nb]);
+            }
+        }
     }
 }
 
@@ -227,14 +245,16 @@ mod avx2 {
         _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1))
     }
 
+    /// `R` activation rows (`acts`: `R × nb` blocks) against one weight row: each weight block is unpacked
+    /// once for all of them.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot(kind: BlockKind, w: &[u8], act: &[Q8Block]) -> f32 {
+    pub unsafe fn dot_tile<const R: usize>(kind: BlockKind, w: &[u8], acts: &[Q8Block], nb: usize, out: &mut [f32]) {
         let bytes = kind.block_bytes();
         let low = _mm_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
-        let mut acc = _mm256_setzero_ps();
-        let mut offsets = 0f32;
-        for (b, a) in w.chunks_exact(bytes).zip(act) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        let mut offsets = [0f32; R];
+        for (i, b) in w.chunks_exact(bytes).enumerate() {
             let d = f16_to_f32(b);
             let (qs_at, offset) = match kind {
                 BlockKind::Q4_1 => (4, f16_to_f32(&b[2..])),
@@ -248,15 +268,20 @@ mod avx2 {
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
                 q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
             }
-            let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
-            let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(prod), acc);
-            offsets += super::offset_term(kind, offset, a);
+            for r in 0..R {
+                let a = &acts[r * nb + i];
+                let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
+                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(prod), acc[r]);
+                offsets[r] += super::offset_term(kind, offset, a);
+            }
         }
-        let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s) + offsets
+        for r in 0..R {
+            let s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            out[r] = _mm_cvtss_f32(s) + offsets[r];
+        }
     }
 }
 
@@ -315,7 +340,9 @@ mod tests {
             }
             let act: Vec<Q8Block> = x[..k].chunks_exact(QK).map(quantize_block).collect();
             let row = &bm.data[..(k / QK) * bm.kind.block_bytes()];
-            let (s, v) = (dot_scalar(bm.kind, row, &act), dot(bm.kind, Simd::detect(), row, &act));
+            let mut v = [0f32];
+            dot_rows(bm.kind, Simd::detect(), row, &act, &mut v);
+            let (s, v) = (dot_scalar(bm.kind, row, &act), v[0]);
             assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{kind:?}: scalar {s} vs simd {v}");
         }
     }
