@@ -41,7 +41,11 @@ pub fn generate(
         let cached = target.cache_len();
         let mut feed = emitter.tokens()[cached..].to_vec();
         feed.extend_from_slice(drafts);
-        let out = target.forward(&feed, &ForwardOptions::logits(LogitRows::Last(gamma + 1)))?;
+        let opts = ForwardOptions {
+            hidden_states: drafter.wants_target_hidden(),
+            ..ForwardOptions::logits(LogitRows::Last(gamma + 1))
+        };
+        let out = target.forward(&feed, &opts)?;
         stats.target_forwards += 1;
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
@@ -76,6 +80,9 @@ pub fn generate(
         stats.rounds.push((gamma, n));
         // The cache keeps the accepted drafts; the new last token is fed next round.
         target.truncate(len + accepted);
+        if let Some(hidden) = &out.hidden {
+            drafter.target_hidden(hidden, feed.len() - gamma + accepted)?;
+        }
         drafter.observe(emitter.tokens(), gamma, accepted)?;
     }
     stats.new_tokens = emitter.generated().len();
