@@ -654,3 +654,69 @@ impl ModelConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published DeepSeek-V3 `config.json` (Transformers 4 layout: `rope_scaling`, `type: yarn`).
+    const DEEPSEEK_V3: &str = r#"{"architectures":["DeepseekV3ForCausalLM"],"model_type":"deepseek_v3",
+        "vocab_size":129280,"hidden_size":7168,"intermediate_size":18432,"moe_intermediate_size":2048,
+        "num_hidden_layers":61,"num_nextn_predict_layers":1,"num_attention_heads":128,"num_key_value_heads":128,
+        "n_shared_experts":1,"n_routed_experts":256,"routed_scaling_factor":2.5,"kv_lora_rank":512,
+        "q_lora_rank":1536,"qk_rope_head_dim":64,"v_head_dim":128,"qk_nope_head_dim":128,"topk_method":"noaux_tc",
+        "n_group":8,"topk_group":4,"num_experts_per_tok":8,"first_k_dense_replace":3,"norm_topk_prob":true,
+        "scoring_func":"sigmoid","hidden_act":"silu","max_position_embeddings":163840,"rms_norm_eps":1e-06,
+        "rope_theta":10000,"rope_scaling":{"beta_fast":32,"beta_slow":1,"factor":40,"mscale":1.0,
+        "mscale_all_dim":1.0,"original_max_position_embeddings":4096,"type":"yarn"},"tie_word_embeddings":false,
+        "bos_token_id":0,"eos_token_id":1,"attention_bias":false}"#;
+
+    /// The published GLM-4.5 `config.json`.
+    const GLM_4_5: &str = r#"{"architectures":["Glm4MoeForCausalLM"],"attention_bias":true,"head_dim":128,
+        "hidden_act":"silu","hidden_size":5120,"intermediate_size":12288,"max_position_embeddings":131072,
+        "model_type":"glm4_moe","moe_intermediate_size":1536,"n_group":1,"n_routed_experts":160,
+        "n_shared_experts":1,"norm_topk_prob":true,"num_attention_heads":96,"num_experts_per_tok":8,
+        "num_hidden_layers":92,"num_key_value_heads":8,"num_nextn_predict_layers":1,"partial_rotary_factor":0.5,
+        "rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":1000000,"routed_scaling_factor":2.5,
+        "tie_word_embeddings":false,"topk_group":1,"use_qk_norm":true,"vocab_size":151552,
+        "first_k_dense_replace":3,"eos_token_id":[151329,151336,151338],"pad_token_id":151329}"#;
+
+    #[test]
+    fn reads_the_published_deepseek_v3_config() {
+        let c = ModelConfig::from_hf_json(DEEPSEEK_V3).unwrap();
+        assert_eq!(c.architecture, Architecture::DeepseekV3);
+        assert_eq!(c.head_dim, 64, "the rotary part of each head");
+        assert_eq!(c.num_mtp_layers, 1);
+        let mla = c.mla.unwrap();
+        assert_eq!((mla.q_lora_rank, mla.kv_lora_rank, mla.v_head_dim), (Some(1536), 512, 128));
+        // 192^-0.5 · (0.1 · ln 40 + 1)²
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!((mla.softmax_scale - 192f64.powf(-0.5) * m * m).abs() < 1e-12);
+        let moe = c.moe.unwrap();
+        assert_eq!((moe.n_routed_experts, moe.n_group, moe.topk_group, moe.first_k_dense_replace), (256, 8, 4, 3));
+        match c.rope_scaling {
+            RopeScaling::Yarn { factor, attention_factor, original_max_position_embeddings, .. } => {
+                assert_eq!((factor, original_max_position_embeddings), (40.0, 4096.0));
+                assert_eq!(attention_factor, 1.0, "mscale / mscale_all_dim");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reads_the_published_glm_4_5_config() {
+        let c = ModelConfig::from_hf_json(GLM_4_5).unwrap();
+        assert_eq!(c.architecture, Architecture::Glm4Moe);
+        assert_eq!((c.head_dim, c.rotary_dim(), c.num_mtp_layers), (128, 64, 1));
+        assert!(c.use_qk_norm && c.attention_bias && c.mla.is_none());
+        assert_eq!(c.rope_theta, 1_000_000.0);
+        assert_eq!(c.moe.unwrap().n_routed_experts, 160);
+        assert_eq!(c.eos_token_ids, vec![151329, 151336, 151338]);
+    }
+
+    #[test]
+    fn rejects_expert_groups_that_do_not_divide_the_experts() {
+        let bad = DEEPSEEK_V3.replace(r#""n_group":8"#, r#""n_group":7"#);
+        assert!(ModelConfig::from_hf_json(&bad).unwrap_err().to_string().contains("n_group"));
+    }
+}
