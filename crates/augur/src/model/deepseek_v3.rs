@@ -90,7 +90,11 @@ impl MlaAttention {
         let query = Tensor::cat(&[q_pass, q_rot], 3)?; // [1, t, h, qk]
 
         let pad = |x: Tensor, d: usize| -> Result<Tensor> {
-            Ok(if d < width { { let z = Tensor::zeros((1, t, h, width - d), DType::F32, x.device())?; Tensor::cat(&[x, z], 3)? } } else { x })
+            if d == width {
+                return Ok(x);
+            }
+            let zeros = Tensor::zeros((1, t, h, width - d), DType::F32, x.device())?;
+            Ok(Tensor::cat(&[x, zeros], 3)?)
         };
         if self.cache.len() != step.start {
             return Err(Error::InvalidOption(format!(

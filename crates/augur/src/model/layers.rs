@@ -73,12 +73,20 @@ impl Rope {
                 }
                 inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= *d as f64);
             }
-            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate } => {
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
                 // Transformers' `_compute_yarn_parameters`: dimensions below `low` keep their frequency
                 // (extrapolation), those above `high` are divided by `factor`, with a linear ramp between.
                 let dim = head_dim as f64;
                 let correction = |rot: f64| {
-                    dim * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+                    let turns = original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI);
+                    dim * turns.ln() / (2.0 * theta.ln())
                 };
                 let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
                 if *truncate {
@@ -206,7 +214,9 @@ impl Attention {
         }
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         self.cache.append(&flat(&k)?, &flat(&v)?);
-        let out = attend(&self.cache, &flat(&q)?, AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d }, step.start, t, self.scale as f32, self.softcap.map(|c| c as f32), self.window);
+        let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
+        let softcap = self.softcap.map(|c| c as f32);
+        let out = attend(&self.cache, &flat(&q)?, shape, step.start, t, self.scale as f32, softcap, self.window);
         let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }
