@@ -94,6 +94,9 @@ struct GenerateArgs {
     num_assistant_tokens_schedule: Option<String>,
     #[arg(long)]
     assistant_confidence_threshold: Option<f32>,
+    /// Draft with the checkpoint's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5), one token per layer.
+    #[arg(long)]
+    use_mtp: bool,
 }
 
 impl GenerateArgs {
@@ -115,6 +118,7 @@ impl GenerateArgs {
             num_assistant_tokens: self.num_assistant_tokens,
             num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
+            use_mtp: self.use_mtp.then_some(true),
             ..Default::default()
         }
     }

@@ -8,9 +8,10 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{AssistantModel, Drafter, PromptLookup};
+use crate::generation::drafters::{AssistantModel, Drafter, MtpDrafter, PromptLookup};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
+use crate::model::mtp::MtpHead;
 use crate::model::{self, CausalLm, ModelConfig, WeightsInfo};
 use crate::resolve::resolve_model;
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -30,6 +31,8 @@ pub struct LoadedLm {
     /// The model's `generation_config.json` (or, for GGUF, its EOS id), under the call's options.
     pub defaults: GenerationOptions,
     pub weights: WeightsInfo,
+    /// The checkpoint's multi-token-prediction layers, which draft for `use_mtp`.
+    pub mtp: Option<Box<dyn MtpHead>>,
 }
 
 impl LoadedLm {
@@ -68,7 +71,14 @@ impl LoadedLm {
                 cfg.vocab_size
             )));
         }
-        Ok(Self { path: path.to_path_buf(), model: loaded.model, tokenizer, defaults, weights: loaded.weights_info })
+        Ok(Self {
+            path: path.to_path_buf(),
+            model: loaded.model,
+            tokenizer,
+            defaults,
+            weights: loaded.weights_info,
+            mtp: loaded.mtp,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -165,11 +175,25 @@ impl Pipeline {
             }
             Some(Box::new(PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?))
         } else if cfg.use_mtp {
-            return Err(Error::InvalidOption(
-                "Could not find `num_mtp_layers` in the model config. This model probably has no associated mtp \
-                 weights."
-                    .into(),
-            ));
+            let num_mtp_layers = target.model.config().num_mtp_layers;
+            match target.mtp.as_mut() {
+                Some(head) => Some(Box::new(MtpDrafter::new(head.as_mut(), &cfg, ids.len())?)),
+                None if num_mtp_layers > 0 => {
+                    return Err(Error::InvalidOption(format!(
+                        "`use_mtp`: {} declares {num_mtp_layers} MTP layer(s) (`num_nextn_predict_layers`) but \
+                         holds no MTP weights (`model.layers.{}.*`)",
+                        target.path.display(),
+                        target.model.config().num_hidden_layers
+                    )))
+                }
+                None => {
+                    return Err(Error::InvalidOption(
+                        "Could not find `num_mtp_layers` in the model config. This model probably has no associated \
+                         mtp weights."
+                            .into(),
+                    ))
+                }
+            }
         } else if let Some(a) = self.assistant.as_mut() {
             let acfg = cfg.with_options(&assistant_knobs(&a.defaults, options, &self.defaults));
             Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))

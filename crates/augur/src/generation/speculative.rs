@@ -26,7 +26,9 @@ pub fn generate(
     let start = Instant::now();
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::new(cfg.seed);
-    let mut cost = cfg.cost_aware_drafting.then(CostModel::new);
+    // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
+    // cost one block and a head, so they are left uncapped.
+    let mut cost = (cfg.cost_aware_drafting && !drafter.wants_target_hidden()).then(CostModel::new);
     stats.method = drafter.method().into();
     while !emitter.is_finished() {
         // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
@@ -49,7 +51,11 @@ pub fn generate(
         let cached = target.cache_len();
         let mut feed = emitter.tokens()[cached..].to_vec();
         feed.extend_from_slice(drafts);
-        let out = target.forward(&feed, &ForwardOptions::logits(LogitRows::Last(gamma + 1)))?;
+        let opts = ForwardOptions {
+            hidden_states: drafter.wants_target_hidden(),
+            ..ForwardOptions::logits(LogitRows::Last(gamma + 1))
+        };
+        let out = target.forward(&feed, &opts)?;
         stats.target_forwards += 1;
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
@@ -88,9 +94,10 @@ pub fn generate(
         stats.rounds.push((gamma, n));
         // The cache keeps the accepted drafts; the new last token is fed next round.
         target.truncate(len + accepted);
-        if !plain_step {
-            drafter.observe(emitter.tokens(), gamma, accepted)?;
+        if let Some(hidden) = &out.hidden {
+            drafter.target_hidden(hidden, feed.len() - gamma + accepted)?;
         }
+        drafter.observe(emitter.tokens(), gamma, accepted)?;
     }
     stats.new_tokens = emitter.generated().len();
     Ok(())

@@ -36,6 +36,8 @@ impl RmsNorm {
 pub struct Rope {
     inv_freq: Vec<f32>,
     layout: RopeLayout,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    attention_scaling: f32,
 }
 
 impl Rope {
@@ -43,6 +45,7 @@ impl Rope {
         let half = head_dim / 2;
         let mut inv_freq: Vec<f64> =
             (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
+        let mut attention_scaling = 1.0;
         match scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
@@ -70,8 +73,39 @@ impl Rope {
                 }
                 inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= *d as f64);
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                // Transformers' `_compute_yarn_parameters`: dimensions below `low` keep their frequency
+                // (extrapolation), those above `high` are divided by `factor`, with a linear ramp between.
+                let dim = head_dim as f64;
+                let correction = |rot: f64| {
+                    let turns = original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI);
+                    dim * turns.ln() / (2.0 * theta.ln())
+                };
+                let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
+                if *truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    *f = *f / factor * (1.0 - extrapolation) + *f * extrapolation;
+                }
+                attention_scaling = *attention_factor as f32;
+            }
         }
-        Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout })
+        Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout, attention_scaling })
     }
 
     /// `cos` and `sin` for positions `start..start + t`, each `[t, head_dim / 2]`.
@@ -83,8 +117,8 @@ impl Rope {
             for f in &self.inv_freq {
                 // Angles in f32 as Transformers computes them (positions × inverse frequencies in f32).
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(a.cos() * self.attention_scaling);
+                sin.push(a.sin() * self.attention_scaling);
             }
         }
         Ok((Tensor::from_vec(cos, (t, half), device)?, Tensor::from_vec(sin, (t, half), device)?))
@@ -180,53 +214,73 @@ impl Attention {
         }
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         self.cache.append(&flat(&k)?, &flat(&v)?);
-        let out = self.attend(&flat(&q)?, step.start, t);
+        let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
+        let softcap = self.softcap.map(|c| c as f32);
+        let out = attend(&self.cache, &flat(&q)?, shape, step.start, t, self.scale as f32, softcap, self.window);
         let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }
+}
 
-    /// Causal attention of `t` queries (`q`: `[h, t, d]`, roped) at positions `start..start+t` over the cache.
-    /// Each (head, query) pair is computed on its own, in a fixed order over its visible keys, so a position's
-    /// output is bit-for-bit the same whether it is decoded alone or verified in a block: greedy speculation
-    /// then stays exactly lossless. Returns `[t, h·d]`.
-    fn attend(&self, q: &[f32], start: usize, t: usize) -> Vec<f32> {
-        use rayon::prelude::*;
-        let (h, d) = (self.n_heads, self.head_dim);
-        let g = h / self.n_kv_heads;
-        let mut out = vec![0f32; t * h * d];
-        let cache = &self.cache;
-        let (scale, softcap, window) = (self.scale as f32, self.softcap.map(|c| c as f32), self.window);
-        out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-            let (row, head) = (idx / h, idx % h);
-            let kvh = head / g;
-            let pos = start + row;
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in first..=pos {
-                let mut s = dot(qv, cache.key(kvh, j)) * scale;
-                if let Some(c) = softcap {
-                    s = (s / c).tanh() * c;
-                }
-                max = max.max(s);
-                scores.push(s);
+/// Head counts and sizes of a cached attention: keys are the first `qk_dim` values of each cached key row and
+/// values the first `v_dim` of each value row (MLA caches both padded to one width).
+#[derive(Clone, Copy)]
+pub struct AttendShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub qk_dim: usize,
+    pub v_dim: usize,
+}
+
+/// Causal attention of `t` queries (`q`: `[h, t, qk_dim]`, roped) at positions `start..start+t` over the cache.
+/// Each (head, query) pair is computed on its own, in a fixed order over its visible keys, so a position's
+/// output is bit-for-bit the same whether it is decoded alone or verified in a block: greedy speculation
+/// then stays exactly lossless. Returns `[t, h·v_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    cache: &KvCache,
+    q: &[f32],
+    shape: AttendShape,
+    start: usize,
+    t: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    window: Option<usize>,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
+    let g = h / n_kv_heads;
+    let mut out = vec![0f32; t * h * dv];
+    out.par_chunks_mut(dv).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
+        let (row, head) = (idx / h, idx % h);
+        let kvh = head / g;
+        let pos = start + row;
+        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in first..=pos {
+            let mut s = dot(qv, &cache.key(kvh, j)[..d]) * scale;
+            if let Some(c) = softcap {
+                s = (s / c).tanh() * c;
             }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for (j, p) in (first..=pos).zip(scores.iter()) {
+            let w = p * inv;
+            for (a, b) in o.iter_mut().zip(&cache.value(kvh, j)[..dv]) {
+                *a += w * b;
             }
-            let inv = 1.0 / sum;
-            for (j, p) in (first..=pos).zip(scores.iter()) {
-                let w = p * inv;
-                for (a, b) in o.iter_mut().zip(cache.value(kvh, j)) {
-                    *a += w * b;
-                }
-            }
-        });
-        out
-    }
+        }
+    });
+    out
 }
 
 /// A dot product with eight independent partial sums (vectorizable, and the same order on every call).
@@ -256,7 +310,12 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
-        let (hs, is) = (cfg.hidden_size, cfg.intermediate_size);
+        Self::load_sized(w, prefix, cfg, cfg.intermediate_size)
+    }
+
+    /// An MLP of another width than `intermediate_size` (experts, shared experts).
+    pub fn load_sized(w: &Weights, prefix: &str, cfg: &ModelConfig, is: usize) -> Result<Self> {
+        let hs = cfg.hidden_size;
         Ok(Self {
             gate: w.linear(&format!("{prefix}.gate_proj"), is, hs, false)?,
             up: w.linear(&format!("{prefix}.up_proj"), is, hs, false)?,
@@ -290,11 +349,12 @@ pub struct Ropes {
 
 impl Ropes {
     pub fn new(cfg: &ModelConfig) -> Result<Self> {
-        let full = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?;
+        let dim = cfg.rotary_dim();
+        let full = Rope::new(dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?;
         let sliding = match cfg.rope_local_base_freq {
             // Gemma 3's local layers use their own base and no scaling.
-            Some(base) => Rope::new(cfg.head_dim, base, &RopeScaling::None, cfg.rope_layout)?,
-            None => Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?,
+            Some(base) => Rope::new(dim, base, &RopeScaling::None, cfg.rope_layout)?,
+            None => Rope::new(dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?,
         };
         Ok(Self { full, sliding })
     }

@@ -3,10 +3,14 @@
 //! cache can be cut back to any length.
 
 pub mod config;
+mod deepseek_v3;
 mod gemma3;
+mod glm4_moe;
 pub mod kv_cache;
 pub mod layers;
 mod llama;
+mod moe;
+pub mod mtp;
 mod qkernels;
 mod qwen2;
 pub mod weights;
@@ -20,7 +24,7 @@ pub use weights::Weights;
 
 use crate::error::{Error, Result};
 
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3", "deepseek_v3", "glm4_moe"];
 
 /// Which positions of a forward block get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +66,10 @@ pub trait CausalLm: Send {
     /// Forgets every cached position from `len` on.
     fn truncate(&mut self, len: usize);
     fn cache_len(&self) -> usize;
+    /// Hands over the model's multi-token-prediction layers, if it has any (they are then the MTP drafter's).
+    fn take_mtp(&mut self) -> Option<Box<dyn mtp::MtpHead>> {
+        None
+    }
 }
 
 /// Builds the model for `cfg.architecture`: the architecture registry.
@@ -70,12 +78,16 @@ pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Box<dyn CausalLm>> {
         Architecture::Llama => Ok(Box::new(llama::load(cfg, w)?)),
         Architecture::Qwen2 => Ok(Box::new(qwen2::load(cfg, w)?)),
         Architecture::Gemma3 => Ok(Box::new(gemma3::load(cfg, w)?)),
+        Architecture::DeepseekV3 => Ok(Box::new(deepseek_v3::load(cfg, w)?)),
+        Architecture::Glm4Moe => Ok(Box::new(glm4_moe::load(cfg, w)?)),
     }
 }
 
 /// A loaded model with what was read alongside it.
 pub struct LoadedModel {
     pub model: Box<dyn CausalLm>,
+    /// The checkpoint's MTP layers (DeepSeek-V3, GLM-4.5), taken out of the model for the MTP drafter.
+    pub mtp: Option<Box<dyn mtp::MtpHead>>,
     pub weights_info: WeightsInfo,
     /// The GGUF metadata, when the model came from a GGUF file (it also holds the tokenizer).
     pub gguf: Option<std::sync::Arc<candle_core::quantized::gguf_file::Content>>,
@@ -115,7 +127,8 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
         let mut w = Weights::open_safetensors(path, cfg.architecture, device)?;
         w.dequantize = opts.dequantize;
         let weights_info = info(&w);
-        Ok(LoadedModel { model: build(cfg, &w)?, weights_info, gguf: None })
+        let mut model = build(cfg, &w)?;
+        Ok(LoadedModel { mtp: model.take_mtp(), model, weights_info, gguf: None })
     } else if path.is_file() {
         let (mut w, content) = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
@@ -125,7 +138,8 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
             cfg.rope_scaling = config::RopeScaling::Factors(f);
         }
         let weights_info = info(&w);
-        Ok(LoadedModel { model: build(cfg, &w)?, weights_info, gguf: Some(content) })
+        let mut model = build(cfg, &w)?;
+        Ok(LoadedModel { mtp: model.take_mtp(), model, weights_info, gguf: Some(content) })
     } else {
         Err(Error::ModelNotFound(path.display().to_string()))
     }

@@ -1,10 +1,14 @@
 //! Ways of proposing tokens, one file each. A drafter proposes; it never verifies.
 
 mod assistant;
+mod mtp;
 mod prompt_lookup;
 
 pub use assistant::AssistantModel;
+pub use mtp::MtpDrafter;
 pub use prompt_lookup::PromptLookup;
+
+use candle_core::Tensor;
 
 use crate::error::Result;
 
@@ -26,4 +30,13 @@ pub trait Drafter {
     /// The target kept `accepted` of the `proposed` drafts and `context` is now the whole sequence: roll back
     /// and adapt.
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()>;
+    /// Whether the drafter needs the target's final hidden states from each verification forward (MTP).
+    fn wants_target_hidden(&self) -> bool {
+        false
+    }
+    /// The verification forward's final hidden states `[fed, hidden]`, of which the first `accepted_rows` belong
+    /// to positions the target kept; called before [`Drafter::observe`] when [`Drafter::wants_target_hidden`].
+    fn target_hidden(&mut self, _hidden: &Tensor, _accepted_rows: usize) -> Result<()> {
+        Ok(())
+    }
 }
