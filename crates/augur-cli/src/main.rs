@@ -89,6 +89,12 @@ struct GenerateArgs {
     num_assistant_tokens_schedule: Option<String>,
     #[arg(long)]
     assistant_confidence_threshold: Option<f32>,
+    /// Self-speculation: the target's first L layers draft (LayerSkip); takes precedence over the other drafters.
+    #[arg(long, value_name = "L")]
+    assistant_early_exit: Option<usize>,
+    /// Lossy static ensemble verification: accept drafts against w·p_target + (1−w)·q_draft, 0 < w < 1.
+    #[arg(long, value_name = "W")]
+    assistant_ensemble_weight: Option<f32>,
 }
 
 impl GenerateArgs {
@@ -110,6 +116,8 @@ impl GenerateArgs {
             num_assistant_tokens: self.num_assistant_tokens,
             num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
+            assistant_early_exit: self.assistant_early_exit,
+            assistant_ensemble_weight: self.assistant_ensemble_weight,
             ..Default::default()
         }
     }

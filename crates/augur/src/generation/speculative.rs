@@ -9,7 +9,7 @@ use super::drafters::Drafter;
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{accept_prefix, speculative_sampling, Verdict};
+use super::verify::{accept_ensemble, accept_prefix, speculative_sampling, Verdict};
 use crate::error::Result;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
@@ -30,7 +30,7 @@ pub fn generate(
         // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
         let max_drafts = emitter.remaining().saturating_sub(1);
         let t0 = Instant::now();
-        let draft = drafter.propose(emitter.tokens(), max_drafts)?;
+        let draft = drafter.propose(target, emitter.tokens(), max_drafts)?;
         stats.draft_seconds += t0.elapsed().as_secs_f64();
         let gamma = draft.tokens.len().min(max_drafts);
         let drafts = &draft.tokens[..gamma];
@@ -59,10 +59,11 @@ pub fn generate(
                 }
             }
         }
-        let Verdict { accepted, next } = if processor.do_sample() {
-            speculative_sampling(drafts, &rows, draft.q.as_ref().map(|q| &q[..gamma]), &mut sampler)
-        } else {
-            accept_prefix(drafts, &rows)
+        let q = draft.q.as_ref().map(|q| &q[..gamma]);
+        let Verdict { accepted, next } = match (processor.do_sample(), cfg.assistant_ensemble_weight, q) {
+            (true, w, q) => speculative_sampling(drafts, &rows, q, w, &mut sampler),
+            (false, Some(w), Some(q)) => accept_ensemble(drafts, &rows, q, w),
+            (false, _, _) => accept_prefix(drafts, &rows),
         };
         stats.verify_seconds += t1.elapsed().as_secs_f64();
 
