@@ -317,9 +317,9 @@ pub struct Decoder<B: Block> {
 }
 
 /// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
-/// token ids and the hidden states leaving layer `layers` (`[n, hidden]`, row-major; activations are f32). A full forward whose tokens begin with
-/// these ids starts the remaining layers from the stored states instead of recomputing the first ones (the same
-/// values: every product is batch-invariant).
+/// token ids and the f32 hidden states leaving layer `layers`, `[n, hidden]` row-major. A full forward whose
+/// tokens begin with these ids starts the remaining layers from the stored states instead of recomputing the
+/// first ones: the same computation, equal to the last bit where the kernels are batch-invariant.
 #[derive(Default)]
 struct EarlyPositions {
     layers: usize,
@@ -356,9 +356,7 @@ impl<B: Block> Decoder<B> {
             early: EarlyPositions::default(),
         })
     }
-}
 
-impl<B: Block> Decoder<B> {
     /// `[1, t, hidden]` input embeddings of `tokens`.
     fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
         let ids = Tensor::new(tokens, &self.device)?;
