@@ -55,7 +55,8 @@ fn rounds_match_transformers() {
         for run in c["runs"].as_array().unwrap() {
             let input = ids(&run["input_ids"]);
             let out = pipe.generate_ids(&input, &opts, None).unwrap();
-            let what = format!("{method} L={} w={} {}", c["assistant_early_exit"], c["assistant_ensemble_weight"], c["effective"]);
+            let (exit, w) = (&c["assistant_early_exit"], &c["assistant_ensemble_weight"]);
+            let what = format!("{method} L={exit} w={w} {}", c["effective"]);
             assert_eq!(out.stats.method, method);
             assert_eq!(out.tokens, ids(&run["output"]), "{what}: output on {:?}", run["text"]);
             let theirs: Vec<(usize, usize)> = run["rounds"]
@@ -131,7 +132,8 @@ fn early_exit_is_lossless() {
             let base = greedy(26 + 3 * i);
             let want = pipe.generate_ids(input, &base, None).unwrap().tokens;
             for exit in 1..layers {
-                for (k, schedule, threshold) in [(1, "constant", 0.0), (3, "constant", 0.0), (4, "heuristic", 0.0), (20, "constant", 0.4)] {
+                let settings = [(1, "constant", 0.0), (3, "constant", 0.0), (4, "heuristic", 0.0), (20, "constant", 0.4)];
+                for (k, schedule, threshold) in settings {
                     let opts = GenerationOptions {
                         assistant_early_exit: Some(exit),
                         num_assistant_tokens: Some(k),
@@ -160,7 +162,8 @@ fn early_exit_takes_precedence_and_checks_the_layer() {
         let e = pipe.generate_ids(input, &opts, None).unwrap_err().to_string();
         assert!(e.contains("`assistant_early_exit` must be between 1 and 3") && e.contains(&bad.to_string()), "{e}");
     }
-    let opts = GenerationOptions { prompt_lookup_num_tokens: Some(3), assistant_ensemble_weight: Some(0.5), ..greedy(8) };
+    let opts =
+        GenerationOptions { prompt_lookup_num_tokens: Some(3), assistant_ensemble_weight: Some(0.5), ..greedy(8) };
     let e = pipe.generate_ids(input, &opts, None).unwrap_err().to_string();
     assert!(e.contains("requires candidate logits"), "{e}");
 }
@@ -223,7 +226,8 @@ fn drafted_positions_are_reused_exactly_and_cut_back() {
         a.model.truncate(5);
         b.model.truncate(5);
         assert_eq!(logits_of(a.model.as_mut(), &[1, 2], None), logits_of(b.model.as_mut(), &[1, 2], None));
-        let e = a.model.forward(&[1], &ForwardOptions { exit_layer: Some(4), ..ForwardOptions::logits(LogitRows::All) });
+        let opts = ForwardOptions { exit_layer: Some(4), ..ForwardOptions::logits(LogitRows::All) };
+        let e = a.model.forward(&[1], &opts);
         assert!(e.is_err(), "exit layer 4 of 4 must be refused");
     }
 }
@@ -324,7 +328,8 @@ fn sampling_follows_the_target_or_the_specified_mixture() {
     assert!(stat < critical, "early exit without a weight: chi-square {stat:.1} ≥ {critical:.1} against the target");
 
     let mixed = histogram(|s| {
-        let o = GenerationOptions { assistant_early_exit: Some(exit), assistant_ensemble_weight: Some(w), ..sampling(s) };
+        let o =
+            GenerationOptions { assistant_early_exit: Some(exit), assistant_ensemble_weight: Some(w), ..sampling(s) };
         pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
     });
     let (stat, critical) = chi_square(&mixed, &ensemble);
