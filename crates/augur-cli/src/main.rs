@@ -97,6 +97,12 @@ struct GenerateArgs {
     /// Draft with the checkpoint's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5), one token per layer.
     #[arg(long)]
     use_mtp: bool,
+    /// Self-speculation: the target's first L layers draft (LayerSkip); takes precedence over the other drafters.
+    #[arg(long, value_name = "L")]
+    assistant_early_exit: Option<usize>,
+    /// Lossy static ensemble verification: accept drafts against w·p_target + (1−w)·q_draft, 0 < w < 1.
+    #[arg(long, value_name = "W")]
+    assistant_ensemble_weight: Option<f32>,
 }
 
 impl GenerateArgs {
@@ -119,6 +125,8 @@ impl GenerateArgs {
             num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
             use_mtp: self.use_mtp.then_some(true),
+            assistant_early_exit: self.assistant_early_exit,
+            assistant_ensemble_weight: self.assistant_ensemble_weight,
             ..Default::default()
         }
     }

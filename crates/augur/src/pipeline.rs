@@ -8,7 +8,7 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{AssistantModel, Drafter, MtpDrafter, PromptLookup};
+use crate::generation::drafters::{AssistantModel, Drafter, EarlyExit, MtpDrafter, PromptLookup};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
 use crate::model::mtp::MtpHead;
@@ -163,8 +163,9 @@ impl Pipeline {
         let mut emitter =
             Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink);
         let vocab = target.config().vocab_size;
-        let mut drafter: Option<Box<dyn Drafter + '_>> = if cfg.assistant_early_exit.is_some() {
-            return Err(Error::InvalidOption("`assistant_early_exit` is not implemented yet".into()));
+        // Transformers' precedence (spec 1.3): early exit, prompt lookup, MTP, then the assistant model.
+        let mut drafter: Option<Box<dyn Drafter + '_>> = if let Some(l) = cfg.assistant_early_exit {
+            Some(Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, ids.len())?))
         } else if let Some(n) = cfg.prompt_lookup_num_tokens {
             if cfg.assistant_ensemble_weight.is_some() {
                 return Err(Error::InvalidOption(

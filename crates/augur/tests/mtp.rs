@@ -13,7 +13,7 @@ use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Draft, Drafter, MtpDrafter};
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
-use augur::model::{ForwardOptions, LogitRows};
+use augur::model::{CausalLm, ForwardOptions, LogitRows};
 use augur::Tensor;
 use common::*;
 
@@ -73,8 +73,8 @@ impl Drafter for Recording<'_> {
     fn method(&self) -> &'static str {
         self.inner.method()
     }
-    fn propose(&mut self, context: &[u32], max: usize) -> augur::Result<Draft> {
-        let d = self.inner.propose(context, max)?;
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> augur::Result<Draft> {
+        let d = self.inner.propose(target, context, max)?;
         self.rounds.push((context.len(), d.tokens.clone(), 0));
         Ok(d)
     }

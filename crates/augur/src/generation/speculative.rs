@@ -10,7 +10,7 @@ use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{accept_prefix, speculative_sampling, Verdict};
+use super::verify::{accept_ensemble, accept_prefix, speculative_sampling, Verdict};
 use crate::error::Result;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
@@ -39,7 +39,8 @@ pub fn generate(
             max_drafts = max_drafts.min(g);
         }
         let t0 = Instant::now();
-        let draft = if plain_step { Draft::default() } else { drafter.propose(emitter.tokens(), max_drafts)? };
+        let draft =
+            if plain_step { Draft::default() } else { drafter.propose(target, emitter.tokens(), max_drafts)? };
         let draft_seconds = t0.elapsed().as_secs_f64();
         stats.draft_seconds += draft_seconds;
         let gamma = draft.tokens.len().min(max_drafts);
@@ -73,10 +74,11 @@ pub fn generate(
                 }
             }
         }
-        let Verdict { accepted, next } = if processor.do_sample() {
-            speculative_sampling(drafts, &rows, draft.q.as_ref().map(|q| &q[..gamma]), &mut sampler)
-        } else {
-            accept_prefix(drafts, &rows)
+        let q = draft.q.as_ref().map(|q| &q[..gamma]);
+        let Verdict { accepted, next } = match (processor.do_sample(), cfg.assistant_ensemble_weight, q) {
+            (true, w, q) => speculative_sampling(drafts, &rows, q, w, &mut sampler),
+            (false, Some(w), Some(q)) => accept_ensemble(drafts, &rows, q, w),
+            (false, _, _) => accept_prefix(drafts, &rows),
         };
         let verify_seconds = t1.elapsed().as_secs_f64();
         stats.verify_seconds += verify_seconds;

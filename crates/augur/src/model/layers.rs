@@ -371,7 +371,20 @@ pub struct Decoder<B: Block> {
     pub lm_head: Linear,
     pub ropes: Ropes,
     pub device: Device,
+    /// Positions cached by every layer.
     len: usize,
+    early: EarlyPositions,
+}
+
+/// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
+/// token ids and the f32 hidden states leaving layer `layers`, `[n, hidden]` row-major. A full forward whose
+/// tokens begin with these ids starts the remaining layers from the stored states instead of recomputing the
+/// first ones: the same computation, equal to the last bit where the kernels are batch-invariant.
+#[derive(Default)]
+struct EarlyPositions {
+    layers: usize,
+    tokens: Vec<u32>,
+    hidden: Vec<f32>,
 }
 
 impl<B: Block> Decoder<B> {
@@ -390,7 +403,42 @@ impl<B: Block> Decoder<B> {
         };
         let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, cfg.rms_norm_eps, norm_plus_one)?;
         let ropes = Ropes::new(&cfg)?;
-        Ok(Self { embed, embed_scale, layers, norm, lm_head, ropes, device: w.device().clone(), cfg, len: 0 })
+        Ok(Self {
+            embed,
+            embed_scale,
+            layers,
+            norm,
+            lm_head,
+            ropes,
+            device: w.device().clone(),
+            cfg,
+            len: 0,
+            early: EarlyPositions::default(),
+        })
+    }
+
+    /// `[1, t, hidden]` input embeddings of `tokens`.
+    fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, &self.device)?;
+        let x = self.embed.forward(&ids)?.unsqueeze(0)?;
+        Ok(match self.embed_scale {
+            Some(s) => (x * s)?,
+            None => x,
+        })
+    }
+
+    /// Runs `layers` on `x` (`[1, t, hidden]`) at cache positions `start..start+t`.
+    fn run_layers(&mut self, mut x: Tensor, layers: std::ops::Range<usize>, start: usize) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        let step = Step {
+            start,
+            rope_full: self.ropes.full.cos_sin(start, t, &self.device)?,
+            rope_sliding: self.ropes.sliding.cos_sin(start, t, &self.device)?,
+        };
+        for layer in &mut self.layers[layers] {
+            x = layer.forward(&x, &step, &self.ropes)?;
+        }
+        Ok(x)
     }
 }
 
@@ -408,6 +456,9 @@ impl<B: Block> CausalLm for Decoder<B> {
         for l in self.layers.iter_mut() {
             l.cache().truncate(len);
         }
+        let keep = len - self.len;
+        self.early.tokens.truncate(keep);
+        self.early.hidden.truncate(keep * self.cfg.hidden_size);
     }
 
     fn forward(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
@@ -419,33 +470,54 @@ impl<B: Block> CausalLm for Decoder<B> {
         if let Some(bad) = tokens.iter().find(|&&id| id >= vocab) {
             return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
         }
-        let start = self.len;
-        if start + t > self.cfg.max_position_embeddings {
-            return Err(Error::PromptTooLong { prompt_tokens: start + t, context: self.cfg.max_position_embeddings });
+        let n = self.layers.len();
+        if let Some(exit) = opts.exit_layer {
+            if exit == 0 || exit >= n {
+                return Err(Error::InvalidOption(format!(
+                    "exit layer {exit} is outside 1..={} (the model has {n} layers)",
+                    n - 1
+                )));
+            }
+            if exit != self.early.layers {
+                self.truncate(self.len);
+                self.early.layers = exit;
+            }
         }
-        let n_layers = opts.exit_layer.unwrap_or(self.layers.len());
-        if n_layers == 0 || n_layers > self.layers.len() {
-            return Err(Error::InvalidOption(format!(
-                "exit layer {n_layers} is outside 1..={}",
-                self.layers.len()
-            )));
+        let end = self.len + t + if opts.exit_layer.is_some() { self.early.tokens.len() } else { 0 };
+        if end > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { prompt_tokens: end, context: self.cfg.max_position_embeddings });
         }
-        let ids = Tensor::new(tokens, &self.device)?;
-        let mut x = self.embed.forward(&ids)?.unsqueeze(0)?; // [1, t, hidden]
-        if let Some(s) = self.embed_scale {
-            x = (x * s)?;
-        }
-        let step = Step {
-            start,
-            rope_full: self.ropes.full.cos_sin(start, t, &self.device)?,
-            rope_sliding: self.ropes.sliding.cos_sin(start, t, &self.device)?,
+        let x = match opts.exit_layer {
+            Some(exit) => {
+                // Drafting: the first `exit` layers only, after the positions they already hold.
+                let start = self.len + self.early.tokens.len();
+                let x = self.run_layers(self.embed_tokens(tokens)?, 0..exit, start)?;
+                self.early.tokens.extend_from_slice(tokens);
+                self.early.hidden.extend(x.flatten_all()?.to_vec1::<f32>()?);
+                x
+            }
+            None => {
+                let start = self.len;
+                // Reuse what drafting computed for the leading tokens, and forget the rest of it.
+                let reused = self.early.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                self.truncate(start + reused);
+                let x = if reused == 0 {
+                    self.run_layers(self.embed_tokens(tokens)?, 0..n, start)?
+                } else {
+                    let exit = self.early.layers;
+                    let hidden = self.early.hidden.split_off(0);
+                    let mut x = Tensor::from_vec(hidden, (1, reused, self.cfg.hidden_size), &self.device)?;
+                    if reused < t {
+                        let rest = self.run_layers(self.embed_tokens(&tokens[reused..])?, 0..exit, start + reused)?;
+                        x = Tensor::cat(&[&x, &rest], 1)?;
+                    }
+                    self.run_layers(x, exit..n, start)?
+                };
+                self.early.tokens.clear();
+                self.len = start + t;
+                x
+            }
         };
-        for layer in self.layers.iter_mut().take(n_layers) {
-            x = layer.forward(&x, &step, &self.ropes)?;
-        }
-        if opts.exit_layer.is_none() {
-            self.len = start + t;
-        }
         let x = x.squeeze(0)?; // [t, hidden]
         let rows = match &opts.logits {
             LogitRows::All => Some(x.clone()),

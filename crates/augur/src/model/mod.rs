@@ -40,8 +40,10 @@ pub struct ForwardOptions {
     pub logits: LogitRows,
     /// Also return the final hidden states (after the final norm), `[t, hidden]`.
     pub hidden_states: bool,
-    /// Run only the first `L` layers, then the final norm and LM head (early-exit drafting). The cache of the
-    /// skipped layers is left as it was and `cache_len` does not advance.
+    /// Run only the first `L` layers (`1 ≤ L < num_layers`), then the final norm and LM head: early-exit
+    /// drafting. The tokens go after the positions those layers already hold; `cache_len` does not advance. The
+    /// next full forward reuses these positions where its tokens match them and discards the rest, and
+    /// `truncate` cuts them back like any cached position.
     pub exit_layer: Option<usize>,
 }
 

@@ -1,23 +1,27 @@
 //! Ways of proposing tokens, one file each. A drafter proposes; it never verifies.
 
 mod assistant;
+mod early_exit;
 mod mtp;
 mod prompt_lookup;
 
 pub use assistant::AssistantModel;
+pub use early_exit::EarlyExit;
 pub use mtp::MtpDrafter;
 pub use prompt_lookup::PromptLookup;
 
 use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::model::CausalLm;
 
 /// Candidate tokens for one round.
 #[derive(Debug, Clone, Default)]
 pub struct Draft {
     pub tokens: Vec<u32>,
-    /// `q[i]`: the exact distribution (probabilities, `[vocab]`) `tokens[i]` was sampled from. `None` means a
-    /// deterministic proposal, i.e. a one-hot `q`.
+    /// `q[i]`: the exact distribution (probabilities, `[vocab]`) `tokens[i]` was sampled from (greedy: the
+    /// distribution it is the argmax of, kept for ensemble verification). `None` means a deterministic proposal,
+    /// i.e. a one-hot `q`.
     pub q: Option<Vec<Vec<f32>>>,
 }
 
@@ -25,8 +29,9 @@ pub struct Draft {
 pub trait Drafter {
     /// The method's name as `--json` stats report it.
     fn method(&self) -> &'static str;
-    /// Up to `max` tokens continuing `context` (prompt and accepted tokens).
-    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
+    /// Up to `max` tokens continuing `context` (prompt and accepted tokens). `target` is the verifying model:
+    /// only drafters that run on it (early exit) use it, and they must leave its `cache_len` as it was.
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft>;
     /// The target kept `accepted` of the `proposed` drafts and `context` is now the whole sequence: roll back
     /// and adapt.
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()>;

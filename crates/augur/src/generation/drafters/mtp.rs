@@ -16,6 +16,7 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::model::mtp::MtpHead;
+use crate::model::CausalLm;
 
 pub struct MtpDrafter<'m> {
     head: &'m mut dyn MtpHead,
@@ -63,7 +64,7 @@ impl Drafter for MtpDrafter<'_> {
         Ok(())
     }
 
-    fn propose(&mut self, context: &[u32], _max: usize) -> Result<Draft> {
+    fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], _max: usize) -> Result<Draft> {
         // Like Transformers, draft a full block even past the length budget: the loop trims it.
         let Some(fresh) = self.pending.take() else { return Ok(Draft::default()) };
         let layers = self.head.num_layers();
