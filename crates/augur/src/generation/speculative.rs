@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::config::GenerationConfig;
 use super::decode::logits_rows;
-use super::drafters::Drafter;
+use super::drafters::{Drafter, TargetState};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
@@ -26,11 +26,15 @@ pub fn generate(
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::new(cfg.seed);
     stats.method = drafter.method().into();
+    let wants_hidden = drafter.wants_hidden_states();
+    // The target's final hidden states of the last forward, with the position of their first row.
+    let mut hidden: Option<(candle_core::Tensor, usize)> = None;
     while !emitter.is_finished() {
         // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
         let max_drafts = emitter.remaining().saturating_sub(1);
         let t0 = Instant::now();
-        let draft = drafter.propose(emitter.tokens(), max_drafts)?;
+        let state = TargetState { model: &*target, hidden: hidden.as_ref().map(|(h, s)| (h, *s)) };
+        let draft = drafter.propose_with(emitter.tokens(), max_drafts, &state)?;
         stats.draft_seconds += t0.elapsed().as_secs_f64();
         let gamma = draft.tokens.len().min(max_drafts);
         let drafts = &draft.tokens[..gamma];
@@ -41,12 +45,16 @@ pub fn generate(
         let cached = target.cache_len();
         let mut feed = emitter.tokens()[cached..].to_vec();
         feed.extend_from_slice(drafts);
-        let out = target.forward(&feed, &ForwardOptions::logits(LogitRows::Last(gamma + 1)))?;
+        let opts = ForwardOptions { hidden_states: wants_hidden, ..ForwardOptions::logits(LogitRows::Last(gamma + 1)) };
+        let out = target.forward(&feed, &opts)?;
         stats.target_forwards += 1;
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
         }
         let mut rows = logits_rows(&out)?;
+        if wants_hidden {
+            hidden = out.hidden.map(|h| (h, cached));
+        }
 
         // The target's processors at each position, with the drafted prefix as context (Transformers 3.2).
         let len = emitter.tokens().len();

@@ -74,6 +74,11 @@ impl Rope {
         Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout })
     }
 
+    /// A table from its inverse frequencies (`head_dim / 2` of them; a zero leaves its pair of dimensions as is).
+    pub fn from_inv_freq(inv_freq: Vec<f32>, layout: RopeLayout) -> Self {
+        Self { inv_freq, layout }
+    }
+
     /// `cos` and `sin` for positions `start..start + t`, each `[t, head_dim / 2]`.
     pub fn cos_sin(&self, start: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
         let half = self.inv_freq.len();
@@ -186,47 +191,63 @@ impl Attention {
     }
 
     /// Causal attention of `t` queries (`q`: `[h, t, d]`, roped) at positions `start..start+t` over the cache.
-    /// Each (head, query) pair is computed on its own, in a fixed order over its visible keys, so a position's
-    /// output is bit-for-bit the same whether it is decoded alone or verified in a block: greedy speculation
-    /// then stays exactly lossless. Returns `[t, h·d]`.
+    /// Returns `[t, h·d]`.
     fn attend(&self, q: &[f32], start: usize, t: usize) -> Vec<f32> {
-        use rayon::prelude::*;
-        let (h, d) = (self.n_heads, self.head_dim);
-        let g = h / self.n_kv_heads;
-        let mut out = vec![0f32; t * h * d];
-        let cache = &self.cache;
-        let (scale, softcap, window) = (self.scale as f32, self.softcap.map(|c| c as f32), self.window);
-        out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-            let (row, head) = (idx / h, idx % h);
-            let kvh = head / g;
+        let window = self.window;
+        attend(q, &self.cache, self.n_heads, t, self.scale as f32, self.softcap.map(|c| c as f32), |row| {
             let pos = start + row;
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in first..=pos {
-                let mut s = dot(qv, cache.key(kvh, j)) * scale;
-                if let Some(c) = softcap {
-                    s = (s / c).tanh() * c;
-                }
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            for (j, p) in (first..=pos).zip(scores.iter()) {
-                let w = p * inv;
-                for (a, b) in o.iter_mut().zip(cache.value(kvh, j)) {
-                    *a += w * b;
-                }
-            }
-        });
-        out
+            (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+        })
     }
+}
+
+/// Attention of `t` queries (`q`: `[n_heads, t, head_dim]`, roped) over the cached positions `visible(row)`
+/// (a half-open range) of `cache`, grouped-query heads sharing its key/value heads. Each (head, query) pair is
+/// computed on its own, in a fixed order over its visible keys, so a position's output is bit-for-bit the same
+/// whether it is decoded alone or verified in a block: greedy speculation then stays exactly lossless.
+/// Returns `[t, n_heads·head_dim]`.
+pub fn attend(
+    q: &[f32],
+    cache: &KvCache,
+    n_heads: usize,
+    t: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    visible: impl Fn(usize) -> (usize, usize) + Sync,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let (h, d) = (n_heads, cache.head_dim());
+    let g = h / cache.n_kv_heads();
+    let mut out = vec![0f32; t * h * d];
+    out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
+        let (row, head) = (idx / h, idx % h);
+        let kvh = head / g;
+        let (first, end) = visible(row);
+        let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in first..end {
+            let mut s = dot(qv, cache.key(kvh, j)) * scale;
+            if let Some(c) = softcap {
+                s = (s / c).tanh() * c;
+            }
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for (j, p) in (first..end).zip(scores.iter()) {
+            let w = p * inv;
+            for (a, b) in o.iter_mut().zip(cache.value(kvh, j)) {
+                *a += w * b;
+            }
+        }
+    });
+    out
 }
 
 /// A dot product with eight independent partial sums (vectorizable, and the same order on every call).

@@ -4,6 +4,8 @@
 
 pub mod config;
 mod gemma3;
+pub mod gemma4;
+pub mod gemma4_assistant;
 pub mod kv_cache;
 pub mod layers;
 mod llama;
@@ -14,12 +16,13 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, LayerKind, ModelConfig};
+use kv_cache::KvCache;
 pub use weights::Weights;
 
 use crate::error::{Error, Result};
 
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant"];
 
 /// Which positions of a forward block get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +64,21 @@ pub trait CausalLm: Send {
     /// Forgets every cached position from `len` on.
     fn truncate(&mut self, len: usize);
     fn cache_len(&self) -> usize;
+    /// The model's scaled input embeddings of `tokens`, `[t, hidden]`, for drafters that embed with the target's
+    /// table (Gemma 4's assistant).
+    fn embed_tokens(&self, _tokens: &[u32]) -> Result<Tensor> {
+        Err(Error::InvalidOption(format!("{} does not expose its input embeddings", self.config().architecture.name())))
+    }
+    /// The KV cache that a KV-sharing model keeps for layers of `kind` to reuse (Gemma 4's store layers), which
+    /// its assistant reads; `None` for models without KV sharing.
+    fn shared_kv(&self, _kind: LayerKind) -> Option<&KvCache> {
+        None
+    }
+    /// The model as `Any`, for callers that need an architecture's own API (a drafter model that is not run on
+    /// tokens).
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// Builds the model for `cfg.architecture`: the architecture registry.
@@ -69,6 +87,8 @@ pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Box<dyn CausalLm>> {
         Architecture::Llama => Ok(Box::new(llama::load(cfg, w)?)),
         Architecture::Qwen2 => Ok(Box::new(qwen2::load(cfg, w)?)),
         Architecture::Gemma3 => Ok(Box::new(gemma3::load(cfg, w)?)),
+        Architecture::Gemma4 => Ok(Box::new(gemma4::load(cfg, w)?)),
+        Architecture::Gemma4Assistant => Ok(Box::new(gemma4_assistant::load(cfg, w)?)),
     }
 }
 
