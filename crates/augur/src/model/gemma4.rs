@@ -603,3 +603,47 @@ impl CausalLm for Gemma4 {
         Ok(ForwardOutput { logits, hidden })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> ModelConfig {
+        let json = format!(
+            r#"{{"model_type": "gemma4_text", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 8,
+               "num_hidden_layers": 5, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+               "sliding_window": 4, "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+               "sliding_attention", "sliding_attention"] {extra}}}"#
+        );
+        ModelConfig::from_hf_json(&json).unwrap()
+    }
+
+    #[test]
+    fn kv_sharing_reuses_the_last_earlier_layer_of_the_type() {
+        let cfg = config(r#", "num_kv_shared_layers": 2"#);
+        assert_eq!(cfg.layer_types[4], LayerKind::Full, "the last layer is forced global");
+        let g = Gemma4Config::from_model_config(&cfg).unwrap();
+        assert_eq!(g.kv_sources(&cfg).unwrap(), vec![None, None, None, Some(1), Some(2)]);
+        let none = config("");
+        assert_eq!(Gemma4Config::from_model_config(&none).unwrap().kv_sources(&none).unwrap(), vec![None; 5]);
+        let bad = config(r#", "num_kv_shared_layers": 4"#);
+        assert!(Gemma4Config::from_model_config(&bad).unwrap().kv_sources(&bad).is_err(), "no global layer to reuse");
+        let moe = config(r#", "enable_moe_block": true"#);
+        assert!(Gemma4Config::from_model_config(&moe).is_err());
+    }
+
+    #[test]
+    fn global_layers_take_their_own_shapes_and_proportional_rope() {
+        let cfg = config(r#", "attention_k_eq_v": true, "per_layer_config": {"2": {"head_dim": 16, "num_key_value_heads": 2}}"#);
+        let g = Gemma4Config::from_model_config(&cfg).unwrap();
+        assert_eq!(g.head_shape(&cfg, LayerKind::Full), (16, 2));
+        assert_eq!(g.head_shape(&cfg, LayerKind::Sliding), (8, 1));
+        // Default global rope: proportional, a quarter of the 8 frequencies rotated (over the whole head of 16).
+        let rope = g.rope(&cfg, LayerKind::Full).unwrap();
+        let (cos, sin) = rope.cos_sin(3, 1, &Device::Cpu).unwrap();
+        let (cos, sin) = (cos.to_vec2::<f32>().unwrap()[0].clone(), sin.to_vec2::<f32>().unwrap()[0].clone());
+        assert_eq!(cos.len(), 8);
+        assert!((sin[0] - 3f32.sin()).abs() < 1e-6 && (sin[1] - (3.0 / 1e6f64.powf(2.0 / 16.0)).sin() as f32).abs() < 1e-6);
+        assert!(cos[2..].iter().all(|&c| c == 1.0) && sin[2..].iter().all(|&s| s == 0.0));
+    }
+}
