@@ -8,11 +8,12 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{AssistantModel, Drafter, EarlyExit, MtpDrafter, PromptLookup};
+use crate::generation::drafters::{AssistantModel, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
+use crate::model::gemma4_assistant::Gemma4Assistant;
 use crate::model::mtp::MtpHead;
-use crate::model::{self, CausalLm, ModelConfig, WeightsInfo};
+use crate::model::{self, Architecture, CausalLm, ModelConfig, WeightsInfo};
 use crate::resolve::resolve_model;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -42,6 +43,17 @@ impl LoadedLm {
     }
 
     pub fn load_with(path: &Path, device: &Device, opts: &model::LoadOptions) -> Result<Self> {
+        Self::load_sharing(path, device, opts, None)
+    }
+
+    /// Loads a model; a Hugging Face directory without a tokenizer takes `shared` (a Gemma 4 assistant, which
+    /// works in its target's vocabulary).
+    fn load_sharing(
+        path: &Path,
+        device: &Device,
+        opts: &model::LoadOptions,
+        shared: Option<&Tokenizer>,
+    ) -> Result<Self> {
         let loaded = model::load_with(path, device, opts)?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match &loaded.gguf {
@@ -50,7 +62,11 @@ impl LoadedLm {
                 let gc = path.join("generation_config.json");
                 let defaults =
                     if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
-                (Tokenizer::from_hf_dir(path)?, defaults)
+                let tokenizer = match shared {
+                    Some(t) if !path.join("tokenizer.json").exists() => t.clone(),
+                    _ => Tokenizer::from_hf_dir(path)?,
+                };
+                (tokenizer, defaults)
             }
         };
         if defaults.eos_token_id.as_ref().is_none_or(|e| e.is_empty()) {
@@ -104,7 +120,8 @@ impl Pipeline {
     /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
     pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
-        let a = LoadedLm::load(&path, &Device::Cpu)?;
+        let shared = Some(&self.target.tokenizer);
+        let a = LoadedLm::load_sharing(&path, &Device::Cpu, &model::LoadOptions::default(), shared)?;
         check_same_tokenizer(&self.target.tokenizer, &a.tokenizer, &path)?;
         self.assistant = Some(a);
         Ok(self)
@@ -197,7 +214,32 @@ impl Pipeline {
             }
         } else if let Some(a) = self.assistant.as_mut() {
             let acfg = cfg.with_options(&assistant_knobs(&a.defaults, options, &self.defaults));
-            Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
+            if a.model.config().architecture == Architecture::Gemma4Assistant {
+                // Recognised by its architecture, as Transformers picks its candidate generator by class name.
+                let tcfg = target.model.config();
+                if tcfg.architecture != Architecture::Gemma4 {
+                    return Err(Error::InvalidOption(format!(
+                        "the Gemma 4 assistant drafts only for a Gemma 4 target, not {}",
+                        tcfg.architecture.name()
+                    )));
+                }
+                if a.model.config().vocab_size != tcfg.vocab_size {
+                    return Err(Error::InvalidOption(format!(
+                        "the Gemma 4 assistant's vocabulary ({}) differs from the target's ({})",
+                        a.model.config().vocab_size,
+                        tcfg.vocab_size
+                    )));
+                }
+                let window = tcfg.sliding_window;
+                let model = a
+                    .model
+                    .as_any_mut()
+                    .and_then(|m| m.downcast_ref::<Gemma4Assistant>())
+                    .ok_or_else(|| Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))?;
+                Some(Box::new(Gemma4AssistantDrafter::new(model, &acfg, ids.len(), window)?))
+            } else {
+                Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
+            }
         } else {
             None
         };

@@ -19,6 +19,10 @@ pub enum Architecture {
     Gemma3,
     DeepseekV3,
     Glm4Moe,
+    /// Gemma 4's text model (`gemma4_text`, or the text half of a `gemma4` checkpoint).
+    Gemma4,
+    /// `Gemma4AssistantForCausalLM`: drafts from a Gemma 4 target's hidden states and KV cache.
+    Gemma4Assistant,
 }
 
 impl Architecture {
@@ -29,6 +33,8 @@ impl Architecture {
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
             "deepseek_v3" | "DeepseekV3ForCausalLM" => Ok(Self::DeepseekV3),
             "glm4_moe" | "Glm4MoeForCausalLM" => Ok(Self::Glm4Moe),
+            "gemma4" | "gemma4_text" | "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => Ok(Self::Gemma4),
+            "gemma4_assistant" | "Gemma4AssistantForCausalLM" => Ok(Self::Gemma4Assistant),
             other => Err(Error::UnknownArchitecture(other.to_string())),
         }
     }
@@ -40,6 +46,8 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::DeepseekV3 => "deepseek_v3",
             Self::Glm4Moe => "glm4_moe",
+            Self::Gemma4 => "gemma4",
+            Self::Gemma4Assistant => "gemma4_assistant",
         }
     }
 }
@@ -158,6 +166,9 @@ pub struct ModelConfig {
     pub mla: Option<MlaConfig>,
     /// MTP layers stored after the decoder layers (`num_nextn_predict_layers`); the weights may be absent.
     pub num_mtp_layers: usize,
+    /// The whole `config.json` (for a nested checkpoint, the object the fields above were read from, with the outer
+    /// one under `"outer"`): architecture-specific fields that only one model file reads. `None` for GGUF.
+    pub hf_config: Option<std::sync::Arc<serde_json::Value>>,
 }
 
 impl ModelConfig {
@@ -345,14 +356,29 @@ impl ModelConfig {
     }
 
     pub fn from_hf_json(text: &str) -> Result<Self> {
-        let c: HfConfig =
+        let mut json: serde_json::Value =
             serde_json::from_str(text).map_err(|e| Error::config("config.json", e.to_string()))?;
+        let outer_type = json.get("model_type").and_then(|v| v.as_str()).map(str::to_string);
+        // Gemma 4 checkpoints nest the text model's fields in `text_config` (the multimodal model and the assistant).
+        if matches!(outer_type.as_deref(), Some("gemma4" | "gemma4_assistant")) {
+            let mut inner = json
+                .get("text_config")
+                .cloned()
+                .ok_or_else(|| Error::config("text_config", "missing from a Gemma 4 config"))?;
+            let obj = inner.as_object_mut().ok_or_else(|| Error::config("text_config", "not an object"))?;
+            obj.insert("model_type".into(), serde_json::Value::String(outer_type.clone().unwrap_or_default()));
+            obj.insert("outer".into(), json);
+            json = inner;
+        }
+        let c: HfConfig =
+            serde_json::from_value(json.clone()).map_err(|e| Error::config("config.json", e.to_string()))?;
         let arch_name = c
             .model_type
             .clone()
             .or_else(|| c.architectures.as_ref().and_then(|a| a.first().cloned()))
             .ok_or_else(|| Error::config("model_type", "missing (and no `architectures`)"))?;
         let architecture = Architecture::parse(&arch_name)?;
+        let gemma4 = matches!(architecture, Architecture::Gemma4 | Architecture::Gemma4Assistant);
 
         let hidden_size = required(c.hidden_size, "hidden_size")?;
         let num_attention_heads = required(c.num_attention_heads, "num_attention_heads")?;
@@ -361,7 +387,7 @@ impl ModelConfig {
             // Transformers sets DeepSeek's `head_dim` to the rotary part of each head.
             (_, Architecture::DeepseekV3) => c.qk_rope_head_dim.unwrap_or(64),
             (Some(d), _) => d,
-            (None, Architecture::Gemma3) => 256,
+            (None, Architecture::Gemma3 | Architecture::Gemma4 | Architecture::Gemma4Assistant) => 256,
             (None, _) => hidden_size / num_attention_heads,
         };
         let mut rope_theta = c.rope_theta;
@@ -373,7 +399,8 @@ impl ModelConfig {
         let mut rope_mscale = c.rope_scaling.as_ref().and_then(|s| s.mscale_all_dim.zip(s.factor));
         let mut partial_rotary_factor = c.partial_rotary_factor;
         let mut rope_local_base_freq = c.rope_local_base_freq;
-        if let Some(params) = &c.rope_parameters {
+        // Gemma 4's rotary tables (proportional, per layer type and head size) are built by its model file.
+        if let Some(params) = c.rope_parameters.as_ref().filter(|_| !gemma4) {
             // Either one set of parameters or one per layer type (Gemma 3 in Transformers 5).
             let (global, local) = match (params.get("full_attention"), params.get("sliding_attention")) {
                 (Some(g), l) => (g.clone(), l.cloned()),
@@ -397,7 +424,9 @@ impl ModelConfig {
         let (default_theta, default_eps, default_act) = match architecture {
             Architecture::Llama => (10_000.0, 1e-6, "silu"),
             Architecture::Qwen2 => (10_000.0, 1e-6, "silu"),
-            Architecture::Gemma3 => (1_000_000.0, 1e-6, "gelu_pytorch_tanh"),
+            Architecture::Gemma3 | Architecture::Gemma4 | Architecture::Gemma4Assistant => {
+                (1_000_000.0, 1e-6, "gelu_pytorch_tanh")
+            }
             Architecture::DeepseekV3 => (10_000.0, 1e-6, "silu"),
             Architecture::Glm4Moe => (10_000.0, 1e-5, "silu"),
         };
@@ -456,7 +485,7 @@ impl ModelConfig {
 
         let layer_types = match (&c.layer_types, architecture) {
             (Some(types), _) => types.iter().map(|t| layer_kind(t)).collect::<Result<Vec<_>>>()?,
-            (None, Architecture::Gemma3) => {
+            (None, Architecture::Gemma3 | Architecture::Gemma4 | Architecture::Gemma4Assistant) => {
                 gemma3_layer_types(num_hidden_layers, c.sliding_window_pattern.unwrap_or(6))
             }
             (None, Architecture::Qwen2) if c.use_sliding_window == Some(true) => {
@@ -473,8 +502,19 @@ impl ModelConfig {
                 format!("has {} entries for {num_hidden_layers} layers", layer_types.len()),
             ));
         }
+        let mut layer_types = layer_types;
+        if gemma4 {
+            // Transformers forces Gemma 4's last layer to global attention.
+            if let Some(last) = layer_types.last_mut() {
+                *last = LayerKind::Full;
+            }
+        }
         let sliding_window = if layer_types.contains(&LayerKind::Sliding) {
-            Some(required(c.sliding_window, "sliding_window")?)
+            Some(match (c.sliding_window, gemma4) {
+                (Some(w), _) => w,
+                (None, true) => 512,
+                (None, false) => required(c.sliding_window, "sliding_window")?,
+            })
         } else {
             None
         };
@@ -501,8 +541,8 @@ impl ModelConfig {
             },
             rope_scaling,
             rope_layout: RopeLayout::Halves,
-            max_position_embeddings: c.max_position_embeddings.unwrap_or(2048),
-            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(architecture == Architecture::Gemma3),
+            max_position_embeddings: c.max_position_embeddings.unwrap_or(if gemma4 { 131_072 } else { 2048 }),
+            tie_word_embeddings: c.tie_word_embeddings.unwrap_or(architecture == Architecture::Gemma3 || gemma4),
             attention_bias: c.attention_bias.unwrap_or(architecture == Architecture::Qwen2),
             sliding_window,
             layer_types,
@@ -526,6 +566,7 @@ impl ModelConfig {
                 Architecture::DeepseekV3 | Architecture::Glm4Moe => c.num_nextn_predict_layers.unwrap_or(1),
                 _ => 0,
             },
+            hf_config: Some(std::sync::Arc::new(json)),
         };
         cfg.check()?;
         Ok(cfg)
@@ -618,6 +659,7 @@ impl ModelConfig {
             moe: None,
             mla: None,
             num_mtp_layers: 0,
+            hf_config: None,
         };
         cfg.check()?;
         Ok(cfg)

@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor};
 
 use super::config::{MlaConfig, ModelConfig, RopeLayout};
 use super::kv_cache::KvCache;
-use super::layers::{attend, AttendShape, Block, Decoder, Ropes, RmsNorm, Step};
+use super::layers::{attend, causal, AttendShape, Block, Decoder, Ropes, RmsNorm, Step};
 use super::moe::FeedForward;
 use super::mtp::{Mtp, MtpHead, WithMtp};
 use super::weights::{Linear, Weights};
@@ -107,7 +107,7 @@ impl MlaAttention {
         self.cache.append(&flat(&pad(key, qk)?)?, &flat(&pad(value, dv)?)?);
         let q = flat(&query.transpose(1, 2)?.contiguous()?)?; // [h, t, qk]
         let shape = AttendShape { n_heads: h, n_kv_heads: h, qk_dim: qk, v_dim: dv };
-        let out = attend(&self.cache, &q, shape, step.start, t, m.softmax_scale as f32, None, None);
+        let out = attend(&self.cache, &q, shape, t, m.softmax_scale as f32, None, causal(step.start, None));
         let out = Tensor::from_vec(out, (1, t, h * dv), x.device())?;
         self.o_proj.forward(&out)
     }

@@ -7,7 +7,7 @@ use candle_core::Tensor;
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
-use super::layers::{attend, AttendShape, Block, Decoder, Ropes, RmsNorm, Step};
+use super::layers::{attend, causal, AttendShape, Block, Decoder, Ropes, RmsNorm, Step};
 use super::moe::FeedForward;
 use super::mtp::{Mtp, MtpHead, WithMtp};
 use super::weights::{Linear, Weights};
@@ -81,7 +81,7 @@ impl Glm4MoeAttention {
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         self.cache.append(&flat(&k)?, &flat(&v)?);
         let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
-        let out = attend(&self.cache, &flat(&q)?, shape, step.start, t, self.scale as f32, None, None);
+        let out = attend(&self.cache, &flat(&q)?, shape, t, self.scale as f32, None, causal(step.start, None));
         let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }

@@ -108,6 +108,11 @@ impl Rope {
         Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout, attention_scaling })
     }
 
+    /// A table from its inverse frequencies (`head_dim / 2` of them; a zero leaves its pair of dimensions as is).
+    pub fn from_inv_freq(inv_freq: Vec<f32>, layout: RopeLayout) -> Self {
+        Self { inv_freq, layout, attention_scaling: 1.0 }
+    }
+
     /// `cos` and `sin` for positions `start..start + t`, each `[t, head_dim / 2]`.
     pub fn cos_sin(&self, start: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
         let half = self.inv_freq.len();
@@ -216,7 +221,7 @@ impl Attention {
         self.cache.append(&flat(&k)?, &flat(&v)?);
         let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
         let softcap = self.softcap.map(|c| c as f32);
-        let out = attend(&self.cache, &flat(&q)?, shape, step.start, t, self.scale as f32, softcap, self.window);
+        let out = attend(&self.cache, &flat(&q)?, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
         let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }
@@ -232,20 +237,35 @@ pub struct AttendShape {
     pub v_dim: usize,
 }
 
-/// Causal attention of `t` queries (`q`: `[h, t, qk_dim]`, roped) at positions `start..start+t` over the cache.
-/// Each (head, query) pair is computed on its own, in a fixed order over its visible keys, so a position's
-/// output is bit-for-bit the same whether it is decoded alone or verified in a block: greedy speculation
-/// then stays exactly lossless. Returns `[t, h·v_dim]`.
-#[allow(clippy::too_many_arguments)]
+impl AttendShape {
+    /// `n_heads` query heads over `cache`'s key/value heads, keys and values of the cache's head size.
+    pub fn over(cache: &KvCache, n_heads: usize) -> Self {
+        let d = cache.head_dim();
+        Self { n_heads, n_kv_heads: cache.n_kv_heads(), qk_dim: d, v_dim: d }
+    }
+}
+
+/// The cached positions query `row` of a causal block starting at `start` sees (half-open), within `window`.
+pub fn causal(start: usize, window: Option<usize>) -> impl Fn(usize) -> (usize, usize) + Sync {
+    move |row| {
+        let pos = start + row;
+        (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+    }
+}
+
+/// Attention of `t` queries (`q`: `[n_heads, t, qk_dim]`, roped) over the cached positions `visible(row)` (a
+/// half-open range) of `cache`, grouped-query heads sharing its key/value heads. Each (head, query) pair is
+/// computed on its own, in a fixed order over its visible keys, so a position's output is bit-for-bit the same
+/// whether it is decoded alone or verified in a block: greedy speculation then stays exactly lossless.
+/// Returns `[t, n_heads·v_dim]`.
 pub fn attend(
     cache: &KvCache,
     q: &[f32],
     shape: AttendShape,
-    start: usize,
     t: usize,
     scale: f32,
     softcap: Option<f32>,
-    window: Option<usize>,
+    visible: impl Fn(usize) -> (usize, usize) + Sync,
 ) -> Vec<f32> {
     use rayon::prelude::*;
     let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
@@ -254,12 +274,11 @@ pub fn attend(
     out.par_chunks_mut(dv).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
         let (row, head) = (idx / h, idx % h);
         let kvh = head / g;
-        let pos = start + row;
-        let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let (first, end) = visible(row);
         let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
         scores.clear();
         let mut max = f32::NEG_INFINITY;
-        for j in first..=pos {
+        for j in first..end {
             let mut s = dot(qv, &cache.key(kvh, j)[..d]) * scale;
             if let Some(c) = softcap {
                 s = (s / c).tanh() * c;
@@ -273,7 +292,7 @@ pub fn attend(
             sum += *s;
         }
         let inv = 1.0 / sum;
-        for (j, p) in (first..=pos).zip(scores.iter()) {
+        for (j, p) in (first..end).zip(scores.iter()) {
             let w = p * inv;
             for (a, b) in o.iter_mut().zip(&cache.value(kvh, j)[..dv]) {
                 *a += w * b;

@@ -6,6 +6,8 @@ pub mod config;
 mod deepseek_v3;
 mod gemma3;
 mod glm4_moe;
+pub mod gemma4;
+pub mod gemma4_assistant;
 pub mod kv_cache;
 pub mod layers;
 mod llama;
@@ -19,12 +21,14 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, LayerKind, ModelConfig};
+use kv_cache::KvCache;
 pub use weights::Weights;
 
 use crate::error::{Error, Result};
 
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3", "deepseek_v3", "glm4_moe"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] =
+    &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant", "deepseek_v3", "glm4_moe"];
 
 /// Which positions of a forward block get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +76,21 @@ pub trait CausalLm: Send {
     fn take_mtp(&mut self) -> Option<Box<dyn mtp::MtpHead>> {
         None
     }
+    /// The model's scaled input embeddings of `tokens`, `[t, hidden]`, for drafters that embed with the target's
+    /// table (Gemma 4's assistant).
+    fn embed_tokens(&self, _tokens: &[u32]) -> Result<Tensor> {
+        Err(Error::InvalidOption(format!("{} does not expose its input embeddings", self.config().architecture.name())))
+    }
+    /// The KV cache that a KV-sharing model keeps for layers of `kind` to reuse (Gemma 4's store layers), which
+    /// its assistant reads; `None` for models without KV sharing.
+    fn shared_kv(&self, _kind: LayerKind) -> Option<&KvCache> {
+        None
+    }
+    /// The model as `Any`, for callers that need an architecture's own API (a drafter model that is not run on
+    /// tokens).
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// Builds the model for `cfg.architecture`: the architecture registry.
@@ -82,6 +101,8 @@ pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Box<dyn CausalLm>> {
         Architecture::Gemma3 => Ok(Box::new(gemma3::load(cfg, w)?)),
         Architecture::DeepseekV3 => Ok(Box::new(deepseek_v3::load(cfg, w)?)),
         Architecture::Glm4Moe => Ok(Box::new(glm4_moe::load(cfg, w)?)),
+        Architecture::Gemma4 => Ok(Box::new(gemma4::load(cfg, w)?)),
+        Architecture::Gemma4Assistant => Ok(Box::new(gemma4_assistant::load(cfg, w)?)),
     }
 }
 

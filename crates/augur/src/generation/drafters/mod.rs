@@ -2,11 +2,13 @@
 
 mod assistant;
 mod early_exit;
+mod gemma4_assistant;
 mod mtp;
 mod prompt_lookup;
 
 pub use assistant::AssistantModel;
 pub use early_exit::EarlyExit;
+pub use gemma4_assistant::Gemma4AssistantDrafter;
 pub use mtp::MtpDrafter;
 pub use prompt_lookup::PromptLookup;
 
@@ -35,7 +37,8 @@ pub trait Drafter {
     /// The target kept `accepted` of the `proposed` drafts and `context` is now the whole sequence: roll back
     /// and adapt.
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()>;
-    /// Whether the drafter needs the target's final hidden states from each verification forward (MTP).
+    /// Whether the drafter needs the target's final hidden states from each verification forward (MTP, Gemma 4's
+    /// assistant).
     fn wants_target_hidden(&self) -> bool {
         false
     }
