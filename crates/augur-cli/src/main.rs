@@ -74,9 +74,12 @@ struct GenerateArgs {
     /// Print one JSON object {text, tokens, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// A smaller model with the same tokenizer that drafts tokens for the target.
+    /// A smaller model that drafts tokens for the target (with another tokenizer: universal assisted decoding).
     #[arg(long)]
     assistant_model: Option<String>,
+    /// The assistant's tokenizer (a tokenizer.json, or a directory holding one) when it is not stored with it.
+    #[arg(long, requires = "assistant_model")]
+    assistant_tokenizer: Option<PathBuf>,
     /// Prompt lookup decoding: copy up to this many tokens from earlier n-gram matches.
     #[arg(long)]
     prompt_lookup_num_tokens: Option<usize>,
@@ -155,6 +158,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut pipe = Pipeline::load(args.model.as_deref())?;
     if let Some(a) = &args.assistant_model {
         pipe = pipe.with_assistant(a)?;
+        if let Some(t) = &args.assistant_tokenizer {
+            pipe = pipe.with_assistant_tokenizer(t)?;
+        }
     }
     let options = args.options();
     if args.json {

@@ -2,9 +2,13 @@
 
 mod assistant;
 mod prompt_lookup;
+mod universal;
+mod universal_sampling;
 
 pub use assistant::AssistantModel;
 pub use prompt_lookup::PromptLookup;
+pub use universal::UniversalAssisted;
+pub use universal_sampling::{UniversalSampling, VocabMap};
 
 use crate::error::Result;
 
