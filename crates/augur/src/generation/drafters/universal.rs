@@ -20,11 +20,18 @@ use crate::generation::sampler::{argmax, softmax};
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 use crate::tokenizer::{clean_up_tokenization, Tokenizer};
 
-/// Text of `ids` in `from`, re-encoded by `to`, as Transformers' `convert_source_tokens_to_target_tokens`:
-/// special tokens skipped, spaces cleaned up, then encoded *with* the destination's special tokens (BOS…).
+/// Text of `ids` with special tokens skipped, as Transformers' universal generators decode it: they ask for
+/// `clean_up_tokenization_spaces`, which Transformers 5.24 ignores for BPE models (most tokenizers).
+pub(crate) fn decode_text(tok: &Tokenizer, ids: &[u32]) -> Result<String> {
+    let text = tok.decode_raw(ids, true)?;
+    let bpe = matches!(tok.inner().get_model(), tokenizers::models::ModelWrapper::BPE(_));
+    Ok(if bpe { text } else { clean_up_tokenization(&text) })
+}
+
+/// Text of `ids` in `from`, re-encoded by `to`, as Transformers' `convert_source_tokens_to_target_tokens`
+/// (encoded *with* the destination's special tokens, BOS and the like).
 pub(crate) fn convert(ids: &[u32], from: &Tokenizer, to: &Tokenizer, add_special_tokens: bool) -> Result<Vec<u32>> {
-    let text = clean_up_tokenization(&from.decode_raw(ids, true)?);
-    to.encode(&text, add_special_tokens)
+    to.encode(&decode_text(from, ids)?, add_special_tokens)
 }
 
 /// Transformers' `_get_tokens_diag`: the longest run of equal tokens on a diagonal of

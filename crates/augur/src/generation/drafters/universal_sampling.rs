@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::universal::CachedAssistant;
+use super::universal::{decode_text, CachedAssistant};
 use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
@@ -22,7 +22,7 @@ use crate::generation::draft_length::DraftLength;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{softmax, Sampler};
 use crate::model::CausalLm;
-use crate::tokenizer::{clean_up_tokenization, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 /// Which assistant tokens are target tokens: equal token strings, after rewriting the assistant's word-start
 /// marker ("▁" or "Ġ") to the target's when they differ (Transformers' `AssistantToTargetTranslator`).
@@ -140,8 +140,7 @@ impl<'m, 't> UniversalSampling<'m, 't> {
                 return Ok(vec![a]);
             }
         }
-        let text = clean_up_tokenization(&self.target_tok.decode_raw(target_ids, true)?);
-        self.assistant_tok.encode(&text, add_special_tokens)
+        self.assistant_tok.encode(&decode_text(self.target_tok, target_ids)?, add_special_tokens)
     }
 }
 
