@@ -79,9 +79,12 @@ struct GenerateArgs {
     /// Print one JSON object {text, tokens, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// A smaller model with the same tokenizer that drafts tokens for the target.
+    /// A smaller model that drafts tokens for the target (with another tokenizer: universal assisted decoding).
     #[arg(long)]
     assistant_model: Option<String>,
+    /// The assistant's tokenizer (a tokenizer.json, or a directory holding one) when it is not stored with it.
+    #[arg(long, requires = "assistant_model")]
+    assistant_tokenizer: Option<PathBuf>,
     /// Prompt lookup decoding: copy up to this many tokens from earlier n-gram matches.
     #[arg(long)]
     prompt_lookup_num_tokens: Option<usize>,
@@ -94,6 +97,10 @@ struct GenerateArgs {
     num_assistant_tokens_schedule: Option<String>,
     #[arg(long)]
     assistant_confidence_threshold: Option<f32>,
+    /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
+    /// true); false gives Transformers' exact round structure.
+    #[arg(long)]
+    cost_aware_drafting: Option<bool>,
     /// Draft with the checkpoint's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5), one token per layer.
     #[arg(long)]
     use_mtp: bool,
@@ -124,6 +131,7 @@ impl GenerateArgs {
             num_assistant_tokens: self.num_assistant_tokens,
             num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
+            cost_aware_drafting: self.cost_aware_drafting,
             use_mtp: self.use_mtp.then_some(true),
             assistant_early_exit: self.assistant_early_exit,
             assistant_ensemble_weight: self.assistant_ensemble_weight,
@@ -172,6 +180,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut pipe = Pipeline::load(args.model.as_deref())?;
     if let Some(a) = &args.assistant_model {
         pipe = pipe.with_assistant(a)?;
+        if let Some(t) = &args.assistant_tokenizer {
+            pipe = pipe.with_assistant_tokenizer(t)?;
+        }
     }
     let options = args.options();
     if args.json {

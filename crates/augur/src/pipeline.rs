@@ -8,7 +8,10 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{AssistantModel, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup};
+use crate::generation::drafters::{
+    AssistantModel, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted,
+    UniversalSampling,
+};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
 use crate::model::gemma4_assistant::Gemma4Assistant;
@@ -117,13 +120,22 @@ impl Pipeline {
         Ok(Self { target: LoadedLm::load(&path, &Device::Cpu)?, assistant: None, defaults: GenerationOptions::default() })
     }
 
-    /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
+    /// Adds an assistant model that drafts for the target. With the target's tokenizer it drafts target tokens
+    /// directly; with another tokenizer, universal assisted decoding translates between the two.
     pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
         let shared = Some(&self.target.tokenizer);
-        let a = LoadedLm::load_sharing(&path, &Device::Cpu, &model::LoadOptions::default(), shared)?;
-        check_same_tokenizer(&self.target.tokenizer, &a.tokenizer, &path)?;
-        self.assistant = Some(a);
+        self.assistant = Some(LoadedLm::load_sharing(&path, &Device::Cpu, &model::LoadOptions::default(), shared)?);
+        Ok(self)
+    }
+
+    /// Replaces the assistant's tokenizer, for an assistant whose tokenizer is not stored with it: a
+    /// `tokenizer.json` file, or a directory holding one.
+    pub fn with_assistant_tokenizer(mut self, path: &Path) -> Result<Self> {
+        let Some(a) = self.assistant.as_mut() else {
+            return Err(Error::InvalidOption("an assistant tokenizer needs an assistant model".into()));
+        };
+        a.tokenizer = load_tokenizer(path)?;
         Ok(self)
     }
 
@@ -237,8 +249,23 @@ impl Pipeline {
                     .and_then(|m| m.downcast_ref::<Gemma4Assistant>())
                     .ok_or_else(|| Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))?;
                 Some(Box::new(Gemma4AssistantDrafter::new(model, &acfg, ids.len(), window)?))
-            } else {
+            } else if same_tokenizer(&target.tokenizer, &a.tokenizer) {
                 Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
+            } else if acfg.do_sample {
+                Some(Box::new(UniversalSampling::new(
+                    a.model.as_mut(),
+                    &target.tokenizer,
+                    &a.tokenizer,
+                    &acfg,
+                    ids.len(),
+                    vocab,
+                )?))
+            } else {
+                let eos = match &a.defaults.eos_token_id {
+                    Some(e) if !e.is_empty() => e.clone(),
+                    _ => a.tokenizer.eos_token_ids().to_vec(),
+                };
+                Some(Box::new(UniversalAssisted::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &eos, &acfg)))
             }
         } else {
             None
@@ -279,23 +306,33 @@ fn assistant_knobs(
             .assistant_confidence_threshold,
         assistant_confidence_adaptive: pick(|o| o.assistant_confidence_adaptive.is_some())
             .assistant_confidence_adaptive,
+        assistant_lookbehind: pick(|o| o.assistant_lookbehind.is_some()).assistant_lookbehind,
+        target_lookbehind: pick(|o| o.target_lookbehind.is_some()).target_lookbehind,
         ..GenerationOptions::default()
     }
 }
 
-/// Same-tokenizer assisted decoding needs identical vocabularies (up to padding rows of the embeddings).
-fn check_same_tokenizer(target: &Tokenizer, assistant: &Tokenizer, path: &Path) -> Result<()> {
-    let (tv, av) = (target.vocab_size(), assistant.vocab_size());
+/// Whether the assistant can draft target ids directly: the same vocabulary and the same encodings (the
+/// embeddings may still differ by padding rows). Otherwise the universal methods translate.
+fn same_tokenizer(target: &Tokenizer, assistant: &Tokenizer) -> bool {
     let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
-    let same_encoding = probe.iter().all(|p| {
-        matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b)
-    });
-    if tv != av || !same_encoding {
-        return Err(Error::InvalidOption(format!(
-            "the assistant {} has a different tokenizer than the main model ({av} vs {tv} tokens); assisted \
-             decoding across tokenizers is not implemented yet",
-            path.display()
-        )));
+    target.vocab_size() == assistant.vocab_size()
+        && probe.iter().all(|p| {
+            matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b)
+        })
+}
+
+/// A tokenizer given on its own: a Hugging Face tokenizer directory, or a bare `tokenizer.json` (then without
+/// the special-token settings of a `tokenizer_config.json`).
+fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    if path.is_dir() {
+        return Tokenizer::from_hf_dir(path);
     }
-    Ok(())
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::BadFile {
+        path: path.to_path_buf(),
+        format: "tokenizer.json",
+        reason: e.to_string(),
+    })?;
+    Tokenizer::from_parts(inner, &serde_json::Value::Null, &serde_json::Value::Null, None, path)
 }
