@@ -186,7 +186,7 @@ def main():
     ap.add_argument("--categories")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="bench-results")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     result = speed(args) if args.mode == "speed" else spec(args)
     with open(args.out + f".{args.mode}.json", "w") as f:
         json.dump(result, f, indent=1)
