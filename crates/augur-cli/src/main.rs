@@ -9,6 +9,8 @@ use augur::pipeline::{LoadedLm, Pipeline, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::{Args, Parser, Subcommand};
 
+mod serve;
+
 #[derive(Parser)]
 #[command(name = "augur", version, about = "Assisted (speculative) decoding for LLMs, with Transformers' semantics")]
 struct Cli {
@@ -25,6 +27,8 @@ enum Command {
         /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
         model: Option<String>,
     },
+    /// Serve the model over an OpenAI-compatible HTTP API (completions, chat completions, models, metrics).
+    Serve(serve::ServeArgs),
 }
 
 #[derive(Args)]
@@ -224,6 +228,7 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate(args),
         Command::Info { model } => info(model),
+        Command::Serve(args) => serve::serve(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -2,13 +2,17 @@
 //! options, get text, streamed or whole. The CLI and the server are thin shells over this.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{AssistantModel, Drafter, PromptLookup};
+use crate::generation::drafters::{AssistantModel, Backoff, BackoffPolicy, Drafter, PromptLookup};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
 use crate::model::{self, CausalLm, ModelConfig, WeightsInfo};
@@ -26,7 +30,8 @@ pub enum Prompt {
 pub struct LoadedLm {
     pub path: PathBuf,
     pub model: Box<dyn CausalLm>,
-    pub tokenizer: Tokenizer,
+    /// Shared by the forks of this model.
+    pub tokenizer: Arc<Tokenizer>,
     /// The model's `generation_config.json` (or, for GGUF, its EOS id), under the call's options.
     pub defaults: GenerationOptions,
     pub weights: WeightsInfo,
@@ -68,11 +73,48 @@ impl LoadedLm {
                 cfg.vocab_size
             )));
         }
+        let tokenizer = Arc::new(tokenizer);
         Ok(Self { path: path.to_path_buf(), model: loaded.model, tokenizer, defaults, weights: loaded.weights_info })
+    }
+
+    /// Another sequence over the same weights and tokenizer, with an empty cache.
+    pub fn fork(&self) -> Self {
+        Self {
+            path: self.path.clone(),
+            model: self.model.fork(),
+            tokenizer: Arc::clone(&self.tokenizer),
+            defaults: self.defaults.clone(),
+            weights: self.weights.clone(),
+        }
     }
 
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+}
+
+/// A call's options: generation options plus what Transformers' text-generation pipeline takes besides them.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    pub generation: GenerationOptions,
+    /// Return the prompt text followed by the new text (text prompts only; a chat returns its new assistant
+    /// message, the conversation being the messages plus that turn). `None`: Transformers' default, true.
+    pub return_full_text: Option<bool>,
+    /// Add the tokenizer's special tokens (BOS, say) to a text prompt. `None`: the tokenizer's default, true.
+    /// Ignored for chats, whose template writes them (as in Transformers).
+    pub add_special_tokens: Option<bool>,
+    /// Generation ends, with finish reason `cancelled`, at the next accepted token once this is set.
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// Speculation pauses for this sequence under load or when drafts stop being accepted (the output is the
+    /// same either way). `None`: it never pauses.
+    pub backoff: Option<BackoffPolicy>,
+    /// Decode plainly, whatever speculation the options or a loaded assistant would choose.
+    pub plain: bool,
+}
+
+impl CallOptions {
+    pub fn new(generation: GenerationOptions) -> Self {
+        Self { generation, ..Default::default() }
     }
 }
 
@@ -89,6 +131,15 @@ impl Pipeline {
     pub fn load(model: Option<&str>) -> Result<Self> {
         let path = resolve_model(model)?;
         Ok(Self { target: LoadedLm::load(&path, &Device::Cpu)?, assistant: None, defaults: GenerationOptions::default() })
+    }
+
+    /// Another pipeline over the same weights, with empty caches: one per concurrent sequence.
+    pub fn fork(&self) -> Self {
+        Self {
+            target: self.target.fork(),
+            assistant: self.assistant.as_ref().map(LoadedLm::fork),
+            defaults: self.defaults.clone(),
+        }
     }
 
     /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
@@ -118,15 +169,55 @@ impl Pipeline {
         GenerationConfig::from_options(&o)
     }
 
-    /// Generates from `prompt`; text goes to `sink` as it is accepted.
+    /// Generates from `prompt`; the new text goes to `sink` as it is accepted and is returned in `text`.
     pub fn generate(
         &mut self,
         prompt: &Prompt,
         options: &GenerationOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
-        let ids = self.encode(prompt, true)?;
-        self.generate_ids(&ids, options, sink)
+        let call = CallOptions { return_full_text: Some(false), ..CallOptions::new(options.clone()) };
+        self.call(prompt, &call, sink)
+    }
+
+    /// Transformers' `pipeline("text-generation")(prompt, **options)`: with `return_full_text` (the default) a
+    /// text prompt is returned, and streamed to `sink`, ahead of the new text.
+    pub fn call(
+        &mut self,
+        prompt: &Prompt,
+        options: &CallOptions,
+        mut sink: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<GenerationOutput> {
+        let ids = self.encode(prompt, options.add_special_tokens.unwrap_or(true))?;
+        let prefix = match prompt {
+            Prompt::Text(t) if options.return_full_text.unwrap_or(true) => t.as_str(),
+            _ => "",
+        };
+        if let Some(s) = sink.as_mut().filter(|_| !prefix.is_empty()) {
+            s(prefix);
+        }
+        let mut out = self.run(&ids, options, sink)?;
+        out.text.insert_str(0, prefix);
+        Ok(out)
+    }
+
+    /// Runs [`Pipeline::call`] on a fork of this pipeline in a thread of its own and returns its text chunks as
+    /// an iterator; dropping the iterator cancels the generation.
+    pub fn stream(&self, prompt: Prompt, options: CallOptions) -> TextChunks {
+        let mut pipe = self.fork();
+        let cancel = options.cancel.clone().unwrap_or_default();
+        let options = CallOptions { cancel: Some(Arc::clone(&cancel)), ..options };
+        let (tx, rx) = mpsc::channel();
+        let flag = Arc::clone(&cancel);
+        let handle = std::thread::spawn(move || {
+            let mut send = |chunk: &str| {
+                if tx.send(chunk.to_string()).is_err() {
+                    flag.store(true, Ordering::Relaxed);
+                }
+            };
+            pipe.call(&prompt, &options, Some(&mut send))
+        });
+        TextChunks { chunks: rx, handle: Some(handle), cancel }
     }
 
     /// Generates from prompt token ids.
@@ -136,6 +227,11 @@ impl Pipeline {
         options: &GenerationOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
+        self.run(ids, &CallOptions::new(options.clone()), sink)
+    }
+
+    fn run(&mut self, ids: &[u32], call: &CallOptions, sink: Option<&mut dyn FnMut(&str)>) -> Result<GenerationOutput> {
+        let options = &call.generation;
         let cfg = self.resolve_config(options);
         cfg.validate()?;
         if ids.is_empty() {
@@ -151,9 +247,12 @@ impl Pipeline {
         let target = &mut self.target;
         target.model.truncate(0);
         let mut emitter =
-            Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink);
+            Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
+                .with_cancel(call.cancel.clone());
         let vocab = target.config().vocab_size;
-        let mut drafter: Option<Box<dyn Drafter + '_>> = if cfg.assistant_early_exit.is_some() {
+        let mut drafter: Option<Box<dyn Drafter + '_>> = if call.plain {
+            None
+        } else if cfg.assistant_early_exit.is_some() {
             return Err(Error::InvalidOption("`assistant_early_exit` is not implemented yet".into()));
         } else if let Some(n) = cfg.prompt_lookup_num_tokens {
             if cfg.assistant_ensemble_weight.is_some() {
@@ -176,6 +275,9 @@ impl Pipeline {
         } else {
             None
         };
+        if let (Some(d), Some(policy)) = (drafter.take(), &call.backoff) {
+            drafter = Some(Box::new(Backoff::new(d, policy.clone())));
+        }
         match drafter.as_deref_mut() {
             Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats)?,
             None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats)?,
@@ -183,6 +285,46 @@ impl Pipeline {
         stats.seconds = start.elapsed().as_secs_f64();
         stats.finish();
         Ok(emitter.into_output(stats))
+    }
+}
+
+/// The text of a streamed generation, chunk by chunk, as it is accepted (see [`Pipeline::stream`]).
+pub struct TextChunks {
+    chunks: mpsc::Receiver<String>,
+    handle: Option<JoinHandle<Result<GenerationOutput>>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Iterator for TextChunks {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        self.chunks.recv().ok()
+    }
+}
+
+impl TextChunks {
+    /// Stops the generation at its next accepted token.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits for the end and returns the whole output (its text is every chunk, in order), or the error that
+    /// ended the generation early.
+    pub fn finish(mut self) -> Result<GenerationOutput> {
+        while self.chunks.recv().is_ok() {}
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            _ => Err(Error::Generation("the generation thread panicked".into())),
+        }
+    }
+}
+
+impl Drop for TextChunks {
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            self.cancel();
+        }
     }
 }
 

@@ -53,7 +53,7 @@ pub struct ForwardOutput {
     pub hidden: Option<Tensor>,
 }
 
-/// A causal language model whose state is its KV cache.
+/// A causal language model: shared weights plus one sequence's KV cache.
 pub trait CausalLm: Send {
     fn config(&self) -> &ModelConfig;
     /// Runs `tokens` at positions `cache_len()..`, appending to the cache.
@@ -61,6 +61,9 @@ pub trait CausalLm: Send {
     /// Forgets every cached position from `len` on.
     fn truncate(&mut self, len: usize);
     fn cache_len(&self) -> usize;
+    /// Another sequence over the same weights (shared, not copied), with an empty cache: how several requests
+    /// run against one loaded model.
+    fn fork(&self) -> Box<dyn CausalLm>;
 }
 
 /// Builds the model for `cfg.architecture`: the architecture registry.

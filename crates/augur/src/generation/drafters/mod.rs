@@ -1,9 +1,11 @@
 //! Ways of proposing tokens, one file each. A drafter proposes; it never verifies.
 
 mod assistant;
+mod backoff;
 mod prompt_lookup;
 
 pub use assistant::AssistantModel;
+pub use backoff::{Backoff, BackoffPolicy};
 pub use prompt_lookup::PromptLookup;
 
 use crate::error::Result;
