@@ -275,8 +275,8 @@ impl Pipeline {
         } else {
             None
         };
-        if let (Some(d), Some(policy)) = (drafter.take(), &call.backoff) {
-            drafter = Some(Box::new(Backoff::new(d, policy.clone())));
+        if let Some(policy) = &call.backoff {
+            drafter = drafter.map(|d| Box::new(Backoff::new(d, policy.clone())) as Box<dyn Drafter + '_>);
         }
         match drafter.as_deref_mut() {
             Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats)?,

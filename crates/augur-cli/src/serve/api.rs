@@ -236,6 +236,9 @@ pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
         }
     }
     if let Some(p) = number(&body, "top_p")? {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::param("top_p", "`top_p` must be greater than 0 and at most 1"));
+        }
         options.top_p = Some(p as f32);
     }
     options.top_k = count(&body, "top_k")?;
