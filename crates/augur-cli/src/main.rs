@@ -10,6 +10,7 @@ use augur::tokenizer::ChatMessage;
 use clap::{Args, Parser, Subcommand};
 
 mod serve;
+mod bench;
 
 #[derive(Parser)]
 #[command(name = "augur", version, about = "Assisted (speculative) decoding for LLMs, with Transformers' semantics")]
@@ -29,6 +30,9 @@ enum Command {
     },
     /// Serve the model over an OpenAI-compatible HTTP API (completions, chat completions, models, metrics).
     Serve(serve::ServeArgs),
+    /// Measure speed: prefill, decode and k-token forward cost; or, with --prompts, plain decoding against
+    /// speculative methods over Spec-Bench prompts.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -78,9 +82,12 @@ struct GenerateArgs {
     /// Print one JSON object {text, tokens, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// A smaller model with the same tokenizer that drafts tokens for the target.
+    /// A smaller model that drafts tokens for the target (with another tokenizer: universal assisted decoding).
     #[arg(long)]
     assistant_model: Option<String>,
+    /// The assistant's tokenizer (a tokenizer.json, or a directory holding one) when it is not stored with it.
+    #[arg(long, requires = "assistant_model")]
+    assistant_tokenizer: Option<PathBuf>,
     /// Prompt lookup decoding: copy up to this many tokens from earlier n-gram matches.
     #[arg(long)]
     prompt_lookup_num_tokens: Option<usize>,
@@ -93,6 +100,19 @@ struct GenerateArgs {
     num_assistant_tokens_schedule: Option<String>,
     #[arg(long)]
     assistant_confidence_threshold: Option<f32>,
+    /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
+    /// true); false gives Transformers' exact round structure.
+    #[arg(long)]
+    cost_aware_drafting: Option<bool>,
+    /// Draft with the checkpoint's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5), one token per layer.
+    #[arg(long)]
+    use_mtp: bool,
+    /// Self-speculation: the target's first L layers draft (LayerSkip); takes precedence over the other drafters.
+    #[arg(long, value_name = "L")]
+    assistant_early_exit: Option<usize>,
+    /// Lossy static ensemble verification: accept drafts against w·p_target + (1−w)·q_draft, 0 < w < 1.
+    #[arg(long, value_name = "W")]
+    assistant_ensemble_weight: Option<f32>,
 }
 
 impl GenerateArgs {
@@ -114,6 +134,10 @@ impl GenerateArgs {
             num_assistant_tokens: self.num_assistant_tokens,
             num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
+            cost_aware_drafting: self.cost_aware_drafting,
+            use_mtp: self.use_mtp.then_some(true),
+            assistant_early_exit: self.assistant_early_exit,
+            assistant_ensemble_weight: self.assistant_ensemble_weight,
             ..Default::default()
         }
     }
@@ -133,7 +157,7 @@ impl GenerateArgs {
 }
 
 /// candle's CPU kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS` when it is first used.
-fn set_threads(threads: Option<usize>) -> Result<()> {
+pub(crate) fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
@@ -159,6 +183,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut pipe = Pipeline::load(args.model.as_deref())?;
     if let Some(a) = &args.assistant_model {
         pipe = pipe.with_assistant(a)?;
+        if let Some(t) = &args.assistant_tokenizer {
+            pipe = pipe.with_assistant_tokenizer(t)?;
+        }
     }
     let options = args.options();
     if args.json {
@@ -229,6 +256,7 @@ fn main() {
         Command::Generate(args) => generate(args),
         Command::Info { model } => info(model),
         Command::Serve(args) => serve::serve(args),
+        Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

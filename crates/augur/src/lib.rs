@@ -14,5 +14,5 @@ pub mod pipeline;
 pub mod resolve;
 pub mod tokenizer;
 
-pub use candle_core::Device;
+pub use candle_core::{Device, Tensor};
 pub use error::{Error, Result};

@@ -12,10 +12,15 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{AssistantModel, Backoff, BackoffPolicy, Drafter, PromptLookup};
+use crate::generation::drafters::{
+    AssistantModel, Backoff, BackoffPolicy, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted,
+    UniversalSampling,
+};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
-use crate::model::{self, CausalLm, ModelConfig, WeightsInfo};
+use crate::model::gemma4_assistant::Gemma4Assistant;
+use crate::model::mtp::MtpHead;
+use crate::model::{self, Architecture, CausalLm, ModelConfig, WeightsInfo};
 use crate::resolve::resolve_model;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -35,6 +40,8 @@ pub struct LoadedLm {
     /// The model's `generation_config.json` (or, for GGUF, its EOS id), under the call's options.
     pub defaults: GenerationOptions,
     pub weights: WeightsInfo,
+    /// The checkpoint's multi-token-prediction layers, which draft for `use_mtp`.
+    pub mtp: Option<Box<dyn MtpHead>>,
 }
 
 impl LoadedLm {
@@ -44,15 +51,30 @@ impl LoadedLm {
     }
 
     pub fn load_with(path: &Path, device: &Device, opts: &model::LoadOptions) -> Result<Self> {
+        Self::load_sharing(path, device, opts, None)
+    }
+
+    /// Loads a model; a Hugging Face directory without a tokenizer takes `shared` (a Gemma 4 assistant, which
+    /// works in its target's vocabulary).
+    fn load_sharing(
+        path: &Path,
+        device: &Device,
+        opts: &model::LoadOptions,
+        shared: Option<&Arc<Tokenizer>>,
+    ) -> Result<Self> {
         let loaded = model::load_with(path, device, opts)?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match &loaded.gguf {
-            Some(content) => (Tokenizer::from_gguf(content, path)?, GenerationOptions::default()),
+            Some(content) => (Arc::new(Tokenizer::from_gguf(content, path)?), GenerationOptions::default()),
             None => {
                 let gc = path.join("generation_config.json");
                 let defaults =
                     if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
-                (Tokenizer::from_hf_dir(path)?, defaults)
+                let tokenizer = match shared {
+                    Some(t) if !path.join("tokenizer.json").exists() => t.clone(),
+                    _ => Arc::new(Tokenizer::from_hf_dir(path)?),
+                };
+                (tokenizer, defaults)
             }
         };
         if defaults.eos_token_id.as_ref().is_none_or(|e| e.is_empty()) {
@@ -73,19 +95,33 @@ impl LoadedLm {
                 cfg.vocab_size
             )));
         }
-        let tokenizer = Arc::new(tokenizer);
-        Ok(Self { path: path.to_path_buf(), model: loaded.model, tokenizer, defaults, weights: loaded.weights_info })
+        Ok(Self {
+            path: path.to_path_buf(),
+            model: loaded.model,
+            tokenizer,
+            defaults,
+            weights: loaded.weights_info,
+            mtp: loaded.mtp,
+        })
     }
 
-    /// Another sequence over the same weights and tokenizer, with an empty cache.
-    pub fn fork(&self) -> Self {
-        Self {
+    /// Another sequence over the same weights and tokenizer, with an empty cache. A model whose MTP layers are
+    /// loaded is not forked: those layers keep one sequence's caches.
+    pub fn fork(&self) -> Result<Self> {
+        if self.mtp.is_some() {
+            return Err(Error::InvalidOption(format!(
+                "{}: a model with loaded MTP layers cannot be forked into concurrent sequences",
+                self.path.display()
+            )));
+        }
+        Ok(Self {
             path: self.path.clone(),
-            model: self.model.fork(),
+            model: self.model.fork()?,
             tokenizer: Arc::clone(&self.tokenizer),
             defaults: self.defaults.clone(),
             weights: self.weights.clone(),
-        }
+            mtp: None,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -134,20 +170,29 @@ impl Pipeline {
     }
 
     /// Another pipeline over the same weights, with empty caches: one per concurrent sequence.
-    pub fn fork(&self) -> Self {
-        Self {
-            target: self.target.fork(),
-            assistant: self.assistant.as_ref().map(LoadedLm::fork),
+    pub fn fork(&self) -> Result<Self> {
+        Ok(Self {
+            target: self.target.fork()?,
+            assistant: self.assistant.as_ref().map(LoadedLm::fork).transpose()?,
             defaults: self.defaults.clone(),
-        }
+        })
     }
 
     /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
     pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
-        let a = LoadedLm::load(&path, &Device::Cpu)?;
-        check_same_tokenizer(&self.target.tokenizer, &a.tokenizer, &path)?;
-        self.assistant = Some(a);
+        let shared = Some(&self.target.tokenizer);
+        self.assistant = Some(LoadedLm::load_sharing(&path, &Device::Cpu, &model::LoadOptions::default(), shared)?);
+        Ok(self)
+    }
+
+    /// Replaces the assistant's tokenizer, for an assistant whose tokenizer is not stored with it: a
+    /// `tokenizer.json` file, or a directory holding one.
+    pub fn with_assistant_tokenizer(mut self, path: &Path) -> Result<Self> {
+        let Some(a) = self.assistant.as_mut() else {
+            return Err(Error::InvalidOption("an assistant tokenizer needs an assistant model".into()));
+        };
+        a.tokenizer = Arc::new(load_tokenizer(path)?);
         Ok(self)
     }
 
@@ -203,8 +248,8 @@ impl Pipeline {
 
     /// Runs [`Pipeline::call`] on a fork of this pipeline in a thread of its own and returns its text chunks as
     /// an iterator; dropping the iterator cancels the generation.
-    pub fn stream(&self, prompt: Prompt, options: CallOptions) -> TextChunks {
-        let mut pipe = self.fork();
+    pub fn stream(&self, prompt: Prompt, options: CallOptions) -> Result<TextChunks> {
+        let mut pipe = self.fork()?;
         let cancel = options.cancel.clone().unwrap_or_default();
         let options = CallOptions { cancel: Some(Arc::clone(&cancel)), ..options };
         let (tx, rx) = mpsc::channel();
@@ -217,7 +262,7 @@ impl Pipeline {
             };
             pipe.call(&prompt, &options, Some(&mut send))
         });
-        TextChunks { chunks: rx, handle: Some(handle), cancel }
+        Ok(TextChunks { chunks: rx, handle: Some(handle), cancel })
     }
 
     /// Generates from prompt token ids.
@@ -250,10 +295,11 @@ impl Pipeline {
             Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
                 .with_cancel(call.cancel.clone());
         let vocab = target.config().vocab_size;
+        // Transformers' precedence (spec 1.3): early exit, prompt lookup, MTP, then the assistant model.
         let mut drafter: Option<Box<dyn Drafter + '_>> = if call.plain {
             None
-        } else if cfg.assistant_early_exit.is_some() {
-            return Err(Error::InvalidOption("`assistant_early_exit` is not implemented yet".into()));
+        } else if let Some(l) = cfg.assistant_early_exit {
+            Some(Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, ids.len())?))
         } else if let Some(n) = cfg.prompt_lookup_num_tokens {
             if cfg.assistant_ensemble_weight.is_some() {
                 return Err(Error::InvalidOption(
@@ -264,14 +310,68 @@ impl Pipeline {
             }
             Some(Box::new(PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?))
         } else if cfg.use_mtp {
-            return Err(Error::InvalidOption(
-                "Could not find `num_mtp_layers` in the model config. This model probably has no associated mtp \
-                 weights."
-                    .into(),
-            ));
+            let num_mtp_layers = target.model.config().num_mtp_layers;
+            match target.mtp.as_mut() {
+                Some(head) => Some(Box::new(MtpDrafter::new(head.as_mut(), &cfg, ids.len())?)),
+                None if num_mtp_layers > 0 => {
+                    return Err(Error::InvalidOption(format!(
+                        "`use_mtp`: {} declares {num_mtp_layers} MTP layer(s) (`num_nextn_predict_layers`) but \
+                         holds no MTP weights (`model.layers.{}.*`)",
+                        target.path.display(),
+                        target.model.config().num_hidden_layers
+                    )))
+                }
+                None => {
+                    return Err(Error::InvalidOption(
+                        "Could not find `num_mtp_layers` in the model config. This model probably has no associated \
+                         mtp weights."
+                            .into(),
+                    ))
+                }
+            }
         } else if let Some(a) = self.assistant.as_mut() {
             let acfg = cfg.with_options(&assistant_knobs(&a.defaults, options, &self.defaults));
-            Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
+            if a.model.config().architecture == Architecture::Gemma4Assistant {
+                // Recognised by its architecture, as Transformers picks its candidate generator by class name.
+                let tcfg = target.model.config();
+                if tcfg.architecture != Architecture::Gemma4 {
+                    return Err(Error::InvalidOption(format!(
+                        "the Gemma 4 assistant drafts only for a Gemma 4 target, not {}",
+                        tcfg.architecture.name()
+                    )));
+                }
+                if a.model.config().vocab_size != tcfg.vocab_size {
+                    return Err(Error::InvalidOption(format!(
+                        "the Gemma 4 assistant's vocabulary ({}) differs from the target's ({})",
+                        a.model.config().vocab_size,
+                        tcfg.vocab_size
+                    )));
+                }
+                let window = tcfg.sliding_window;
+                let model = a
+                    .model
+                    .as_any_mut()
+                    .and_then(|m| m.downcast_ref::<Gemma4Assistant>())
+                    .ok_or_else(|| Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))?;
+                Some(Box::new(Gemma4AssistantDrafter::new(model, &acfg, ids.len(), window)?))
+            } else if same_tokenizer(&target.tokenizer, &a.tokenizer) {
+                Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
+            } else if acfg.do_sample {
+                Some(Box::new(UniversalSampling::new(
+                    a.model.as_mut(),
+                    &target.tokenizer,
+                    &a.tokenizer,
+                    &acfg,
+                    ids.len(),
+                    vocab,
+                )?))
+            } else {
+                let eos = match &a.defaults.eos_token_id {
+                    Some(e) if !e.is_empty() => e.clone(),
+                    _ => a.tokenizer.eos_token_ids().to_vec(),
+                };
+                Some(Box::new(UniversalAssisted::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &eos, &acfg)))
+            }
         } else {
             None
         };
@@ -354,23 +454,33 @@ fn assistant_knobs(
             .assistant_confidence_threshold,
         assistant_confidence_adaptive: pick(|o| o.assistant_confidence_adaptive.is_some())
             .assistant_confidence_adaptive,
+        assistant_lookbehind: pick(|o| o.assistant_lookbehind.is_some()).assistant_lookbehind,
+        target_lookbehind: pick(|o| o.target_lookbehind.is_some()).target_lookbehind,
         ..GenerationOptions::default()
     }
 }
 
-/// Same-tokenizer assisted decoding needs identical vocabularies (up to padding rows of the embeddings).
-fn check_same_tokenizer(target: &Tokenizer, assistant: &Tokenizer, path: &Path) -> Result<()> {
-    let (tv, av) = (target.vocab_size(), assistant.vocab_size());
+/// Whether the assistant can draft target ids directly: the same vocabulary and the same encodings (the
+/// embeddings may still differ by padding rows). Otherwise the universal methods translate.
+fn same_tokenizer(target: &Tokenizer, assistant: &Tokenizer) -> bool {
     let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
-    let same_encoding = probe.iter().all(|p| {
-        matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b)
-    });
-    if tv != av || !same_encoding {
-        return Err(Error::InvalidOption(format!(
-            "the assistant {} has a different tokenizer than the main model ({av} vs {tv} tokens); assisted \
-             decoding across tokenizers is not implemented yet",
-            path.display()
-        )));
+    target.vocab_size() == assistant.vocab_size()
+        && probe.iter().all(|p| {
+            matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b)
+        })
+}
+
+/// A tokenizer given on its own: a Hugging Face tokenizer directory, or a bare `tokenizer.json` (then without
+/// the special-token settings of a `tokenizer_config.json`).
+fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+    if path.is_dir() {
+        return Tokenizer::from_hf_dir(path);
     }
-    Ok(())
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::BadFile {
+        path: path.to_path_buf(),
+        format: "tokenizer.json",
+        reason: e.to_string(),
+    })?;
+    Tokenizer::from_parts(inner, &serde_json::Value::Null, &serde_json::Value::Null, None, path)
 }

@@ -10,6 +10,7 @@ use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{AssistantModel, Draft, Drafter};
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
+use augur::model::CausalLm;
 use common::*;
 
 const DRAWS: usize = 3000;
@@ -95,8 +96,8 @@ impl Drafter for AlwaysAccepted<'_> {
     fn method(&self) -> &'static str {
         "always_accepted"
     }
-    fn propose(&mut self, context: &[u32], max: usize) -> augur::Result<Draft> {
-        let mut d = self.0.propose(context, max)?;
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> augur::Result<Draft> {
+        let mut d = self.0.propose(target, context, max)?;
         if let Some(q) = d.q.as_mut() {
             for (row, t) in q.iter_mut().zip(d.tokens.iter_mut()) {
                 let rare = (0..row.len()).filter(|&i| row[i] > 0.0).min_by(|&a, &b| row[a].total_cmp(&row[b]));

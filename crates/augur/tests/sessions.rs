@@ -11,7 +11,7 @@ use augur::generation::drafters::BackoffPolicy;
 use augur::generation::stopping::FinishReason;
 use augur::model::{ForwardOptions, LogitRows};
 use augur::pipeline::{CallOptions, Prompt};
-use common::{greedy, pipeline};
+use common::{fixtures, greedy, load, pipeline};
 
 const PROMPTS: [&str; 4] = ["The quick brown fox", "Once upon a time there", "1, 2, 3, 4, 5,", "def main():\n    x ="];
 
@@ -19,8 +19,8 @@ const PROMPTS: [&str; 4] = ["The quick brown fox", "Once upon a time there", "1,
 fn forks_have_their_own_caches_and_the_same_logits() {
     let pipe = pipeline("tiny-llama", None);
     let ids = pipe.encode(&Prompt::Text(PROMPTS[0].into()), true).unwrap();
-    let mut a = pipe.target.model.fork();
-    let mut b = pipe.target.model.fork();
+    let mut a = pipe.target.model.fork().unwrap();
+    let mut b = pipe.target.model.fork().unwrap();
     let rows = |m: &mut Box<dyn augur::model::CausalLm>, t: &[u32]| -> Vec<Vec<f32>> {
         m.forward(t, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap().to_vec2().unwrap()
     };
@@ -49,11 +49,12 @@ fn concurrent_sequences_equal_sequential_ones() {
         GenerationOptions::default(),
         GenerationOptions { prompt_lookup_num_tokens: Some(3), ..Default::default() },
         GenerationOptions { num_assistant_tokens: Some(4), ..Default::default() },
+        GenerationOptions { assistant_early_exit: Some(2), ..Default::default() },
     ] {
         let mut options = greedy(40);
         options.merge(&spec);
         let plain = CallOptions { plain: spec == GenerationOptions::default(), ..CallOptions::new(options.clone()) };
-        let mut solo = pipe.fork();
+        let mut solo = pipe.fork().unwrap();
         let expected: Vec<Vec<u32>> = PROMPTS
             .iter()
             .map(|p| solo.call(&Prompt::Text((*p).into()), &plain, None).unwrap().tokens)
@@ -62,7 +63,7 @@ fn concurrent_sequences_equal_sequential_ones() {
         let handles: Vec<_> = PROMPTS
             .iter()
             .map(|p| {
-                let (mut fork, call, barrier, prompt) = (pipe.fork(), plain.clone(), Arc::clone(&barrier), p.to_string());
+                let (mut fork, call, barrier, prompt) = (pipe.fork().unwrap(), plain.clone(), Arc::clone(&barrier), p.to_string());
                 std::thread::spawn(move || {
                     barrier.wait();
                     fork.call(&Prompt::Text(prompt), &call, None).unwrap()
@@ -74,6 +75,51 @@ fn concurrent_sequences_equal_sequential_ones() {
             assert_eq!(out.tokens, expected[i], "prompt {i} with {spec:?}");
         }
     }
+}
+
+/// The mixture-of-experts architectures (attention one sequence at a time inside a batched forward): forks on
+/// two threads at once give the logits one fork gives alone. Their MTP layers stay with the loaded model, so a
+/// pipeline over them does not fork; nor does Gemma 4, which has no forks yet.
+#[test]
+fn moe_models_fork_and_unforkable_ones_say_so() {
+    for name in ["tiny-deepseek-v3-mtp", "tiny-glm4-moe-mtp"] {
+        let lm = load(&fixtures().join(name), false);
+        let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 13, 17], vec![2, 4, 6]];
+        let logits = |m: &mut Box<dyn augur::model::CausalLm>, t: &[u32]| -> Vec<Vec<f32>> {
+            m.forward(t, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap().to_vec2().unwrap()
+        };
+        let mut solo = lm.model.fork().unwrap();
+        let expected: Vec<Vec<Vec<f32>>> = prompts
+            .iter()
+            .map(|p| {
+                solo.truncate(0);
+                let mut rows = logits(&mut solo, p);
+                rows.extend(logits(&mut solo, &[3]));
+                rows
+            })
+            .collect();
+        let barrier = Arc::new(Barrier::new(prompts.len()));
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (mut fork, barrier, p) = (lm.model.fork().unwrap(), Arc::clone(&barrier), p.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let mut rows = logits(&mut fork, &p);
+                    rows.extend(logits(&mut fork, &[3]));
+                    rows
+                })
+            })
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), expected[i], "{name}, prompt {i}");
+        }
+        let pipe = pipeline(name, None);
+        let err = pipe.fork().err().expect("a pipeline with MTP layers must not fork").to_string();
+        assert!(err.contains("MTP layers"), "{err}");
+    }
+    let err = pipeline("tiny-gemma4", None).fork().err().expect("gemma4 has no forks").to_string();
+    assert!(err.contains("gemma4") && err.contains("cannot be forked"), "{err}");
 }
 
 #[test]
@@ -106,7 +152,7 @@ fn call_options_stream_cancel_and_backoff() {
 
     // The iterator yields the same text as the callback; `finish` returns the whole output.
     let call = CallOptions { return_full_text: Some(false), ..CallOptions::new(greedy(12)) };
-    let mut chunks = pipe.stream(prompt.clone(), call.clone());
+    let mut chunks = pipe.stream(prompt.clone(), call.clone()).unwrap();
     let mut text = String::new();
     for c in chunks.by_ref() {
         text.push_str(&c);
@@ -123,7 +169,7 @@ fn call_options_stream_cancel_and_backoff() {
     // Under load the back-off keeps drafting off: no drafts, the same tokens.
     let mut pl = greedy(12);
     pl.prompt_lookup_num_tokens = Some(3);
-    let busy = BackoffPolicy { load: Some((Arc::new(AtomicUsize::new(9)), 1)), ..Default::default() };
+    let busy = BackoffPolicy { running: Arc::new(AtomicUsize::new(9)), max_load: 1 };
     let backed = pipe.call(&prompt, &CallOptions { generation: pl, backoff: Some(busy), ..call }, None).unwrap();
     assert_eq!(backed.tokens, new.tokens);
     assert_eq!(backed.stats.drafted, 0);

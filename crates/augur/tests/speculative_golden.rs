@@ -16,6 +16,8 @@ fn rounds_match_transformers() {
         let target = fixture_name(&c["target"]);
         let eff = &c["effective"];
         let mut opts = greedy(max_new);
+        // Transformers' round structure: no cost-aware capping of the drafts.
+        opts.cost_aware_drafting = Some(false);
         let mut pipe = match method {
             "assistant_model" => {
                 opts.num_assistant_tokens = eff["num_assistant_tokens"].as_u64().map(|v| v as usize);

@@ -164,6 +164,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if let Some(a) = &args.assistant_model {
         pipe = pipe.with_assistant(a)?;
     }
+    // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
+    let first = pipe.fork()?;
     let path = pipe.target.path.clone();
     let model_id = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
@@ -184,7 +186,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         tokenizer: Arc::clone(&pipe.target.tokenizer),
         context: pipe.target.config().max_position_embeddings,
         has_assistant: pipe.assistant.is_some(),
-        idle: Mutex::new(Vec::new()),
+        idle: Mutex::new(vec![first]),
         template: Mutex::new(pipe),
         speculation,
         speculation_max_load: args.speculation_max_load,
@@ -357,10 +359,8 @@ fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
         .with(400, "invalid_request_error", "context_length_exceeded"));
     }
     generation.max_new_tokens = Some(max_new);
-    let backoff = BackoffPolicy {
-        load: Some((Arc::clone(&server.scheduler.running), server.speculation_max_load)),
-        ..Default::default()
-    };
+    let backoff =
+        BackoffPolicy { running: Arc::clone(&server.scheduler.running), max_load: server.speculation_max_load };
     let call = CallOptions {
         generation,
         return_full_text: Some(req.echo),
@@ -387,7 +387,16 @@ fn complete(server: &Server, job: Job, out: &mut TcpStream, keep: bool) -> std::
     if !http::peer_alive(out) {
         return Ok(false);
     }
-    let mut pipe = lock(&server.idle).pop().unwrap_or_else(|| lock(&server.template).fork());
+    let idle = lock(&server.idle).pop();
+    let mut pipe = match idle.map_or_else(|| lock(&server.template).fork(), Ok) {
+        Ok(p) => p,
+        Err(e) => {
+            let err = ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed");
+            server.metrics.request(500);
+            http::respond(out, 500, "application/json", err.body().as_bytes(), keep)?;
+            return Ok(keep);
+        }
+    };
     let chat = job.req.chat;
     let meta = Meta {
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, server.next_id.fetch_add(1, Ordering::Relaxed)),

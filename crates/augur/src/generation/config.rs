@@ -153,6 +153,9 @@ generation_fields! {
     /// Adapt the confidence threshold by the ROC rule after every round (default true: Transformers does it
     /// when scikit-learn is installed; false gives its behaviour without scikit-learn). Not a Transformers field.
     assistant_confidence_adaptive: opt bool = (), parse_de::<bool>;
+    /// Measure what drafting costs and saves, and draft less or not at all where it does not pay (see
+    /// `generation::cost_model`). Not a Transformers field; false gives Transformers' round structure.
+    cost_aware_drafting: plain bool = true, parse_de::<bool>;
     /// Enables prompt lookup decoding: maximum continuation length copied from an n-gram match.
     prompt_lookup_num_tokens: opt usize = (), parse_de::<usize>;
     /// Largest n-gram tried first by prompt lookup (effective default 2; 0 also means 2, as `0 or 2` in Python).

@@ -2,6 +2,7 @@
 //! speculative) with their drafters.
 
 pub mod config;
+pub mod cost_model;
 pub mod decode;
 pub mod draft_length;
 pub mod drafters;

@@ -4,12 +4,13 @@
 use std::time::Instant;
 
 use super::config::GenerationConfig;
+use super::cost_model::{CostModel, DraftCap};
 use super::decode::logits_rows;
-use super::drafters::Drafter;
+use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{accept_prefix, speculative_sampling, Verdict};
+use super::verify::{accept_ensemble, accept_prefix, speculative_sampling, Verdict};
 use crate::error::Result;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
@@ -25,13 +26,23 @@ pub fn generate(
     let start = Instant::now();
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::new(cfg.seed);
+    // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
+    // cost one block and a head, so they are left uncapped.
+    let mut cost = (cfg.cost_aware_drafting && !drafter.wants_target_hidden()).then(CostModel::new);
     stats.method = drafter.method().into();
     while !emitter.is_finished() {
         // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
-        let max_drafts = emitter.remaining().saturating_sub(1);
+        let mut max_drafts = emitter.remaining().saturating_sub(1);
+        let cap = cost.as_mut().map_or(DraftCap::Unlimited, CostModel::next_cap);
+        let plain_step = cap == DraftCap::AtMost(0);
+        if let DraftCap::AtMost(g) = cap {
+            max_drafts = max_drafts.min(g);
+        }
         let t0 = Instant::now();
-        let draft = drafter.propose(emitter.tokens(), max_drafts)?;
-        stats.draft_seconds += t0.elapsed().as_secs_f64();
+        let draft =
+            if plain_step { Draft::default() } else { drafter.propose(target, emitter.tokens(), max_drafts)? };
+        let draft_seconds = t0.elapsed().as_secs_f64();
+        stats.draft_seconds += draft_seconds;
         let gamma = draft.tokens.len().min(max_drafts);
         let drafts = &draft.tokens[..gamma];
 
@@ -41,7 +52,11 @@ pub fn generate(
         let cached = target.cache_len();
         let mut feed = emitter.tokens()[cached..].to_vec();
         feed.extend_from_slice(drafts);
-        let out = target.forward(&feed, &ForwardOptions::logits(LogitRows::Last(gamma + 1)))?;
+        let opts = ForwardOptions {
+            hidden_states: drafter.wants_target_hidden(),
+            ..ForwardOptions::logits(LogitRows::Last(gamma + 1))
+        };
+        let out = target.forward(&feed, &opts)?;
         stats.target_forwards += 1;
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
@@ -59,12 +74,17 @@ pub fn generate(
                 }
             }
         }
-        let Verdict { accepted, next } = if processor.do_sample() {
-            speculative_sampling(drafts, &rows, draft.q.as_ref().map(|q| &q[..gamma]), &mut sampler)
-        } else {
-            accept_prefix(drafts, &rows)
+        let q = draft.q.as_ref().map(|q| &q[..gamma]);
+        let Verdict { accepted, next } = match (processor.do_sample(), cfg.assistant_ensemble_weight, q) {
+            (true, w, q) => speculative_sampling(drafts, &rows, q, w, &mut sampler),
+            (false, Some(w), Some(q)) => accept_ensemble(drafts, &rows, q, w),
+            (false, _, _) => accept_prefix(drafts, &rows),
         };
-        stats.verify_seconds += t1.elapsed().as_secs_f64();
+        let verify_seconds = t1.elapsed().as_secs_f64();
+        stats.verify_seconds += verify_seconds;
+        if let Some(c) = cost.as_mut() {
+            c.record(gamma, accepted, draft_seconds, verify_seconds);
+        }
 
         let mut block = drafts[..accepted].to_vec();
         block.push(next);
@@ -76,6 +96,9 @@ pub fn generate(
         stats.rounds.push((gamma, n));
         // The cache keeps the accepted drafts; the new last token is fed next round.
         target.truncate(len + accepted);
+        if let Some(hidden) = &out.hidden {
+            drafter.target_hidden(hidden, feed.len() - gamma + accepted)?;
+        }
         drafter.observe(emitter.tokens(), gamma, accepted)?;
     }
     stats.new_tokens = emitter.generated().len();

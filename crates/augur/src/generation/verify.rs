@@ -23,23 +23,54 @@ pub fn accept_prefix(drafts: &[u32], logits: &[Vec<f32>]) -> Verdict {
     Verdict { accepted: drafts.len(), next: argmax(&logits[drafts.len()]) }
 }
 
+/// Greedy static ensemble verification (Transformers' `assistant_ensemble_weight`, spec 9): draft `i` is kept
+/// while it equals the argmax of `ν_i = w·p_i + (1−w)·q_i`, the mixture of the target's and the drafter's
+/// processed distributions, and the correction is that argmax; the bonus row uses the target alone. Lossy by
+/// design. `q[i]` is the drafter's distribution at draft `i`.
+pub fn accept_ensemble(drafts: &[u32], logits: &[Vec<f32>], q: &[Vec<f32>], w: f32) -> Verdict {
+    // Transformers multiplies float32 tensors by the Python floats `w` and `1 − w`.
+    let (a, b) = (w, (1.0 - f64::from(w)) as f32);
+    for (i, &d) in drafts.iter().enumerate() {
+        let p = softmax(&logits[i]);
+        let nu: Vec<f32> = p.iter().zip(&q[i]).map(|(p, q)| a * p + b * q).collect();
+        let best = argmax(&nu);
+        if best != d {
+            return Verdict { accepted: i, next: best };
+        }
+    }
+    Verdict { accepted: drafts.len(), next: argmax(&logits[drafts.len()]) }
+}
+
 /// Speculative sampling. `logits` are the processed target logits (one row per draft plus the bonus row);
 /// `q[i]` is the exact distribution draft `i` was sampled from, or `None` for a deterministic drafter
 /// (a one-hot `q`). Draft `x` is accepted with probability `min(1, p(x)/q(x))`; at the first rejection the
 /// token comes from `normalize(max(0, p − q))`; when every draft passes, from the bonus row's `p`.
+///
+/// With an ensemble weight `w` (and a `q`; Transformers ignores `w` without one) draft `x` is accepted with
+/// probability `min(1, ν(x)/q(x)) = min(1, 1 − w + w·p(x)/q(x))`, `ν = w·p + (1−w)·q`; the residual
+/// `normalize([ν − q]+) = normalize([p − q]+)` and the bonus row are unchanged. The output then follows `ν`,
+/// not `p`: lossy by design.
 pub fn speculative_sampling(
     drafts: &[u32],
     logits: &[Vec<f32>],
     q: Option<&[Vec<f32>]>,
+    ensemble_weight: Option<f32>,
     sampler: &mut Sampler,
 ) -> Verdict {
+    let w = q.and(ensemble_weight).map(|w| (w, (1.0 - f64::from(w)) as f32));
     for (i, &d) in drafts.iter().enumerate() {
         let p = softmax(&logits[i]);
         let px = p[d as usize];
         let qx = q.map_or(1.0, |q| q[i][d as usize]);
         let r = sampler.uniform();
-        // `r <= p/q`, written without the division so q(x) = 0 (never sampled) cannot divide by zero.
-        if qx > 0.0 && r * qx <= px {
+        // `r <= p/q`, or Transformers' `r <= 1 − w + w·p/q` with an ensemble weight, written without the division
+        // so that q(x) = 0 (never sampled) cannot divide by zero, and so that w = 1 is exactly the lossless test.
+        let bound = match w {
+            Some((a, b)) => b * qx + a * px,
+            None => px,
+        };
+        let accept = qx > 0.0 && r * qx <= bound;
+        if accept {
             continue;
         }
         let mut residual: Vec<f32> = match q {
@@ -91,11 +122,63 @@ mod tests {
                 None => 0,
             };
             let qs = q.map(|q| vec![q.to_vec()]);
-            let v = speculative_sampling(&[d], &rows, qs.as_deref(), &mut s);
+            let v = speculative_sampling(&[d], &rows, qs.as_deref(), None, &mut s);
             let first = if v.accepted == 1 { d } else { v.next };
             counts[first as usize] += 1;
         }
         counts.iter().map(|&c| c as f64 / draws as f64).collect()
+    }
+
+    #[test]
+    fn greedy_ensemble_compares_with_the_mixture_and_corrects_with_it() {
+        // Target prefers 1 at the first position, the draft prefers 0: the mixture decides.
+        let rows = vec![ln(&[0.4, 0.6]), ln(&[0.3, 0.7])];
+        let q = vec![vec![0.9, 0.1]];
+        // ν = 0.5·[0.4, 0.6] + 0.5·[0.9, 0.1] = [0.65, 0.35]: draft 0 is kept, the bonus is the target's argmax.
+        assert_eq!(accept_ensemble(&[0], &rows, &q, 0.5), Verdict { accepted: 1, next: 1 });
+        assert_eq!(accept_ensemble(&[1], &rows, &q, 0.5), Verdict { accepted: 0, next: 0 });
+        // ν = 0.9·p + 0.1·q = [0.45, 0.55]: the target wins.
+        assert_eq!(accept_ensemble(&[0], &rows, &q, 0.9), Verdict { accepted: 0, next: 1 });
+        assert_eq!(accept_ensemble(&[1], &rows, &q, 1.0), accept_prefix(&[1], &rows));
+        assert_eq!(accept_ensemble(&[0], &rows, &q, 1.0), accept_prefix(&[0], &rows));
+    }
+
+    /// One draft position: the first emitted token follows ν = w·p + (1−w)·q with an ensemble weight.
+    #[test]
+    fn ensemble_sampling_follows_the_mixture() {
+        let p = [0.5f32, 0.3, 0.2];
+        let q = [0.1f32, 0.1, 0.8];
+        for w in [0.25f32, 0.5, 0.9] {
+            let mut s = Sampler::new(Some(11));
+            let rows = vec![ln(&p), ln(&p)];
+            let mut counts = [0usize; 3];
+            let draws = 40_000;
+            for _ in 0..draws {
+                let d = s.sample(&q);
+                let v = speculative_sampling(&[d], &rows, Some(&[q.to_vec()]), Some(w), &mut s);
+                counts[if v.accepted == 1 { d } else { v.next } as usize] += 1;
+            }
+            for i in 0..3 {
+                let nu = w * p[i] + (1.0 - w) * q[i];
+                let f = counts[i] as f32 / draws as f32;
+                assert!((f - nu).abs() < 0.01, "w = {w}: token {i} at {f}, ν = {nu}");
+            }
+        }
+    }
+
+    /// At w = 1 the ensemble acceptance test is the lossless one, bit for bit: the same random stream gives the
+    /// same verdicts.
+    #[test]
+    fn ensemble_weight_one_is_the_lossless_test() {
+        let rows = vec![ln(&[0.5, 0.3, 0.2]), ln(&[0.2, 0.2, 0.6]), ln(&[0.1, 0.6, 0.3])];
+        let q = vec![vec![0.2, 0.3, 0.5], vec![0.7, 0.2, 0.1]];
+        let (mut a, mut b) = (Sampler::new(Some(3)), Sampler::new(Some(3)));
+        for i in 0..5000u32 {
+            let drafts = [i % 3, (i / 3) % 3];
+            let x = speculative_sampling(&drafts, &rows, Some(&q), None, &mut a);
+            let y = speculative_sampling(&drafts, &rows, Some(&q), Some(1.0), &mut b);
+            assert_eq!(x, y);
+        }
     }
 
     #[test]

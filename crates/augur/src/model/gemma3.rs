@@ -41,6 +41,10 @@ impl Block for Gemma3Block {
         let m = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
         Ok((&h + self.post_feedforward_layernorm.forward(&m)?)?)
     }
+
+    fn new_cache(&self) -> KvCache {
+        self.self_attn.new_cache()
+    }
 }
 
 pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Decoder<Gemma3Block>> {

@@ -23,6 +23,14 @@ impl KvCache {
         self.len
     }
 
+    pub fn n_kv_heads(&self) -> usize {
+        self.n_kv_heads
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -43,6 +43,8 @@ impl RmsNorm {
 pub struct Rope {
     inv_freq: Vec<f32>,
     layout: RopeLayout,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    attention_scaling: f32,
 }
 
 impl Rope {
@@ -50,6 +52,7 @@ impl Rope {
         let half = head_dim / 2;
         let mut inv_freq: Vec<f64> =
             (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
+        let mut attention_scaling = 1.0;
         match scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
@@ -77,8 +80,44 @@ impl Rope {
                 }
                 inv_freq.iter_mut().zip(factors).for_each(|(f, d)| *f /= *d as f64);
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                truncate,
+            } => {
+                // Transformers' `_compute_yarn_parameters`: dimensions below `low` keep their frequency
+                // (extrapolation), those above `high` are divided by `factor`, with a linear ramp between.
+                let dim = head_dim as f64;
+                let correction = |rot: f64| {
+                    let turns = original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI);
+                    dim * turns.ln() / (2.0 * theta.ln())
+                };
+                let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
+                if *truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                for (i, f) in inv_freq.iter_mut().enumerate() {
+                    let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    *f = *f / factor * (1.0 - extrapolation) + *f * extrapolation;
+                }
+                attention_scaling = *attention_factor as f32;
+            }
         }
-        Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout })
+        Ok(Self { inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(), layout, attention_scaling })
+    }
+
+    /// A table from its inverse frequencies (`head_dim / 2` of them; a zero leaves its pair of dimensions as is).
+    pub fn from_inv_freq(inv_freq: Vec<f32>, layout: RopeLayout) -> Self {
+        Self { inv_freq, layout, attention_scaling: 1.0 }
     }
 
     /// `cos` and `sin` for positions `start..start + t`, each `[t, head_dim / 2]`.
@@ -90,8 +129,8 @@ impl Rope {
             for f in &self.inv_freq {
                 // Angles in f32 as Transformers computes them (positions × inverse frequencies in f32).
                 let a = p as f32 * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(a.cos() * self.attention_scaling);
+                sin.push(a.sin() * self.attention_scaling);
             }
         }
         Ok((Tensor::from_vec(cos, (t, half), device)?, Tensor::from_vec(sin, (t, half), device)?))
@@ -161,6 +200,11 @@ impl Attention {
         })
     }
 
+    /// An empty cache for this attention's key/value heads.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.n_kv_heads, self.head_dim)
+    }
+
     /// `x`: `[1, rows, hidden]`, the rows of every sequence in `steps` one after the other → `[1, rows, hidden]`.
     /// The projections run over all rows at once; each sequence attends over its own cache (`caches[i]` for
     /// `steps[i]`), to which its keys and values are appended.
@@ -205,51 +249,86 @@ impl Attention {
         }
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         cache.append(&flat(&k)?, &flat(&v)?);
-        let out = self.attend(cache, &flat(&q)?, step.start, t);
+        let shape = AttendShape { n_heads: h, n_kv_heads: self.n_kv_heads, qk_dim: d, v_dim: d };
+        let softcap = self.softcap.map(|c| c as f32);
+        let out = attend(cache, &flat(&q)?, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
         Ok(Tensor::from_vec(out, (1, t, h * d), &device)?)
     }
+}
 
-    /// Causal attention of `t` queries (`q`: `[h, t, d]`, roped) at positions `start..start+t` over the cache.
-    /// Each (head, query) pair is computed on its own, in a fixed order over its visible keys, so a position's
-    /// output is bit-for-bit the same whether it is decoded alone or verified in a block: greedy speculation
-    /// then stays exactly lossless. Returns `[t, h·d]`.
-    fn attend(&self, cache: &KvCache, q: &[f32], start: usize, t: usize) -> Vec<f32> {
-        use rayon::prelude::*;
-        let (h, d) = (self.n_heads, self.head_dim);
-        let g = h / self.n_kv_heads;
-        let mut out = vec![0f32; t * h * d];
-        let (scale, softcap, window) = (self.scale as f32, self.softcap.map(|c| c as f32), self.window);
-        out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-            let (row, head) = (idx / h, idx % h);
-            let kvh = head / g;
-            let pos = start + row;
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in first..=pos {
-                let mut s = dot(qv, cache.key(kvh, j)) * scale;
-                if let Some(c) = softcap {
-                    s = (s / c).tanh() * c;
-                }
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            for (j, p) in (first..=pos).zip(scores.iter()) {
-                let w = p * inv;
-                for (a, b) in o.iter_mut().zip(cache.value(kvh, j)) {
-                    *a += w * b;
-                }
-            }
-        });
-        out
+/// Head counts and sizes of a cached attention: keys are the first `qk_dim` values of each cached key row and
+/// values the first `v_dim` of each value row (MLA caches both padded to one width).
+#[derive(Clone, Copy)]
+pub struct AttendShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub qk_dim: usize,
+    pub v_dim: usize,
+}
+
+impl AttendShape {
+    /// `n_heads` query heads over `cache`'s key/value heads, keys and values of the cache's head size.
+    pub fn over(cache: &KvCache, n_heads: usize) -> Self {
+        let d = cache.head_dim();
+        Self { n_heads, n_kv_heads: cache.n_kv_heads(), qk_dim: d, v_dim: d }
     }
+}
+
+/// The cached positions query `row` of a causal block starting at `start` sees (half-open), within `window`.
+pub fn causal(start: usize, window: Option<usize>) -> impl Fn(usize) -> (usize, usize) + Sync {
+    move |row| {
+        let pos = start + row;
+        (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+    }
+}
+
+/// Attention of `t` queries (`q`: `[n_heads, t, qk_dim]`, roped) over the cached positions `visible(row)` (a
+/// half-open range) of `cache`, grouped-query heads sharing its key/value heads. Each (head, query) pair is
+/// computed on its own, in a fixed order over its visible keys, so a position's output is bit-for-bit the same
+/// whether it is decoded alone or verified in a block: greedy speculation then stays exactly lossless.
+/// Returns `[t, n_heads·v_dim]`.
+pub fn attend(
+    cache: &KvCache,
+    q: &[f32],
+    shape: AttendShape,
+    t: usize,
+    scale: f32,
+    softcap: Option<f32>,
+    visible: impl Fn(usize) -> (usize, usize) + Sync,
+) -> Vec<f32> {
+    use rayon::prelude::*;
+    let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
+    let g = h / n_kv_heads;
+    let mut out = vec![0f32; t * h * dv];
+    out.par_chunks_mut(dv).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
+        let (row, head) = (idx / h, idx % h);
+        let kvh = head / g;
+        let (first, end) = visible(row);
+        let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in first..end {
+            let mut s = dot(qv, &cache.key(kvh, j)[..d]) * scale;
+            if let Some(c) = softcap {
+                s = (s / c).tanh() * c;
+            }
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        for (j, p) in (first..end).zip(scores.iter()) {
+            let w = p * inv;
+            for (a, b) in o.iter_mut().zip(&cache.value(kvh, j)[..dv]) {
+                *a += w * b;
+            }
+        }
+    });
+    out
 }
 
 /// A dot product with eight independent partial sums (vectorizable, and the same order on every call).
@@ -279,7 +358,12 @@ pub struct Mlp {
 
 impl Mlp {
     pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig) -> Result<Self> {
-        let (hs, is) = (cfg.hidden_size, cfg.intermediate_size);
+        Self::load_sized(w, prefix, cfg, cfg.intermediate_size)
+    }
+
+    /// An MLP of another width than `intermediate_size` (experts, shared experts).
+    pub fn load_sized(w: &Weights, prefix: &str, cfg: &ModelConfig, is: usize) -> Result<Self> {
+        let hs = cfg.hidden_size;
         Ok(Self {
             gate: w.linear(&format!("{prefix}.gate_proj"), is, hs, false)?,
             up: w.linear(&format!("{prefix}.up_proj"), is, hs, false)?,
@@ -303,6 +387,25 @@ pub trait Block: Send + Sync + 'static {
     /// `x`: `[1, rows, hidden]`, the rows of the sequences in `steps` one after the other → `[1, rows, hidden]`,
     /// appending to each sequence's cache for this layer (`caches[i]` for `steps[i]`).
     fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor>;
+    /// An empty cache of the shape this layer's attention keeps, for a new sequence.
+    fn new_cache(&self) -> KvCache;
+}
+
+/// Runs `f` on each sequence's rows of `x` (`[1, rows, hidden]`, the sequences of `steps` one after the other)
+/// with its cache, and joins the results along the rows: attention for blocks that attend one sequence at a time.
+pub fn per_sequence(
+    x: &Tensor,
+    steps: &[Step],
+    caches: &mut [&mut KvCache],
+    mut f: impl FnMut(&Tensor, &Step, &mut KvCache) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let mut outs = Vec::with_capacity(steps.len());
+    let mut offset = 0;
+    for (step, cache) in steps.iter().zip(caches.iter_mut()) {
+        outs.push(f(&x.narrow(1, offset, step.len)?, step, cache)?);
+        offset += step.len;
+    }
+    Ok(Tensor::cat(&outs, 1)?)
 }
 
 /// The rotary tables of full-attention and sliding-window layers.
@@ -314,11 +417,12 @@ pub struct Ropes {
 
 impl Ropes {
     pub fn new(cfg: &ModelConfig) -> Result<Self> {
-        let full = Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?;
+        let dim = cfg.rotary_dim();
+        let full = Rope::new(dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?;
         let sliding = match cfg.rope_local_base_freq {
             // Gemma 3's local layers use their own base and no scaling.
-            Some(base) => Rope::new(cfg.head_dim, base, &RopeScaling::None, cfg.rope_layout)?,
-            None => Rope::new(cfg.head_dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?,
+            Some(base) => Rope::new(dim, base, &RopeScaling::None, cfg.rope_layout)?,
+            None => Rope::new(dim, cfg.rope_theta, &cfg.rope_scaling, cfg.rope_layout)?,
         };
         Ok(Self { full, sliding })
     }
@@ -340,10 +444,23 @@ pub struct Decoder<B: Block> {
     pub device: Device,
     /// One cache per layer.
     caches: Vec<KvCache>,
+    /// Positions cached by every layer.
     len: usize,
+    early: EarlyPositions,
     batcher: Arc<Batcher>,
     /// This fork's id in the batcher.
     id: u64,
+}
+
+/// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
+/// token ids and the f32 hidden states leaving layer `layers`, `[n, hidden]` row-major. A full forward whose
+/// tokens begin with these ids starts the remaining layers from the stored states instead of recomputing the
+/// first ones: the same computation, equal to the last bit where the kernels are batch-invariant.
+#[derive(Default)]
+struct EarlyPositions {
+    layers: usize,
+    tokens: Vec<u32>,
+    hidden: Vec<f32>,
 }
 
 impl<B: Block> Decoder<B> {
@@ -362,15 +479,41 @@ impl<B: Block> Decoder<B> {
         };
         let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, cfg.rms_norm_eps, norm_plus_one)?;
         let ropes = Ropes::new(&cfg)?;
-        let caches = empty_caches(&cfg);
+        let caches = empty_caches(&layers);
         let layers = Arc::new(layers);
         let batcher = Arc::new(Batcher::default());
         let id = batcher.new_id();
         let device = w.device().clone();
-        Ok(Self { embed, embed_scale, layers, norm, lm_head, ropes, device, cfg, caches, len: 0, batcher, id })
+        let early = EarlyPositions::default();
+        Ok(Self { embed, embed_scale, layers, norm, lm_head, ropes, device, cfg, caches, len: 0, early, batcher, id })
     }
 
-    /// Runs the blocks of several sequences (`jobs`, all with the same `exit_layer`) in one forward: every
+    /// `[1, t, hidden]` input embeddings of `tokens`.
+    fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, &self.device)?;
+        let x = self.embed.forward(&ids)?.unsqueeze(0)?;
+        Ok(match self.embed_scale {
+            Some(s) => (x * s)?,
+            None => x,
+        })
+    }
+
+    /// Runs `layers` on `x` (`[1, t, hidden]`, this sequence alone) at cache positions `start..start+t`.
+    fn run_layers(&mut self, mut x: Tensor, layers: std::ops::Range<usize>, start: usize) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        let steps = [Step {
+            start,
+            len: t,
+            rope_full: self.ropes.full.cos_sin(start, t, &self.device)?,
+            rope_sliding: self.ropes.sliding.cos_sin(start, t, &self.device)?,
+        }];
+        for i in layers {
+            x = self.layers[i].forward(&x, &steps, &self.ropes, &mut [&mut self.caches[i]])?;
+        }
+        Ok(x)
+    }
+
+    /// Runs the blocks of several sequences (`jobs`, plain forwards over every layer) in one forward: every
     /// linear layer, norm and the LM head over the rows of all of them, attention per sequence. Each row gets
     /// the numbers it would get alone (the kernels are row-invariant), so batching never changes an output.
     fn forward_rows(&self, jobs: &mut [Job]) -> Result<Vec<ForwardOutput>> {
@@ -392,8 +535,7 @@ impl<B: Block> Decoder<B> {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let exit_layer = jobs[0].opts.exit_layer;
-        for (i, layer) in self.layers.iter().enumerate().take(exit_layer.unwrap_or(self.layers.len())) {
+        for (i, layer) in self.layers.iter().enumerate() {
             let mut caches: Vec<&mut KvCache> = jobs.iter_mut().map(|j| &mut j.caches[i]).collect();
             x = layer.forward(&x, &steps, &self.ropes, &mut caches)?;
         }
@@ -405,9 +547,7 @@ impl<B: Block> Decoder<B> {
             let t = step.len;
             let xs = x.narrow(0, offset, t)?;
             offset += t;
-            if exit_layer.is_none() {
-                job.len = step.start + t;
-            }
+            job.len = step.start + t;
             let picked = match &job.opts.logits {
                 LogitRows::All => Some(xs.clone()),
                 LogitRows::Last(n) => {
@@ -540,37 +680,29 @@ impl Batcher {
     }
 }
 
-/// Runs the jobs, grouped by exit layer; a failed group fails each of its jobs, with its caches cut back.
-fn run_jobs<B: Block>(model: &Decoder<B>, jobs: Vec<Job>) -> Vec<(u64, Finished)> {
-    let mut groups: Vec<Vec<Job>> = Vec::new();
-    for job in jobs {
-        match groups.iter_mut().find(|g| g[0].opts.exit_layer == job.opts.exit_layer) {
-            Some(g) => g.push(job),
-            None => groups.push(vec![job]),
-        }
-    }
-    let mut finished = Vec::new();
-    for mut group in groups {
-        let starts: Vec<usize> = group.iter().map(|j| j.len).collect();
-        let result = catch_unwind(AssertUnwindSafe(|| model.forward_rows(&mut group)))
-            .unwrap_or_else(|_| Err(Error::Generation("the batched forward panicked".into())));
-        match result {
-            Ok(outs) => {
-                for (job, out) in group.into_iter().zip(outs) {
-                    finished.push((job.id, Finished { caches: job.caches, len: job.len, out: Ok(out) }));
-                }
-            }
-            Err(e) => {
-                let message = e.to_string();
-                for (mut job, start) in group.into_iter().zip(starts) {
+/// Runs the jobs as one forward; a failed forward fails each job, with its caches cut back.
+fn run_jobs<B: Block>(model: &Decoder<B>, mut jobs: Vec<Job>) -> Vec<(u64, Finished)> {
+    let starts: Vec<usize> = jobs.iter().map(|j| j.len).collect();
+    let result = catch_unwind(AssertUnwindSafe(|| model.forward_rows(&mut jobs)))
+        .unwrap_or_else(|_| Err(Error::Generation("the batched forward panicked".into())));
+    match result {
+        Ok(outs) => jobs
+            .into_iter()
+            .zip(outs)
+            .map(|(job, out)| (job.id, Finished { caches: job.caches, len: job.len, out: Ok(out) }))
+            .collect(),
+        Err(e) => {
+            let message = e.to_string();
+            jobs.into_iter()
+                .zip(starts)
+                .map(|(mut job, start)| {
                     job.caches.iter_mut().for_each(|c| c.truncate(start));
                     let out = Err(Error::Generation(message.clone()));
-                    finished.push((job.id, Finished { caches: job.caches, len: start, out }));
-                }
-            }
+                    (job.id, Finished { caches: job.caches, len: start, out })
+                })
+                .collect()
         }
     }
-    finished
 }
 
 impl<B: Block> CausalLm for Decoder<B> {
@@ -587,10 +719,13 @@ impl<B: Block> CausalLm for Decoder<B> {
         for c in self.caches.iter_mut() {
             c.truncate(len);
         }
+        let keep = len - self.len;
+        self.early.tokens.truncate(keep);
+        self.early.hidden.truncate(keep * self.cfg.hidden_size);
     }
 
-    fn fork(&self) -> Box<dyn CausalLm> {
-        Box::new(Decoder {
+    fn fork(&self) -> Result<Box<dyn CausalLm>> {
+        Ok(Box::new(Decoder {
             cfg: self.cfg.clone(),
             embed: self.embed.clone(),
             embed_scale: self.embed_scale,
@@ -599,11 +734,12 @@ impl<B: Block> CausalLm for Decoder<B> {
             lm_head: self.lm_head.clone(),
             ropes: self.ropes.clone(),
             device: self.device.clone(),
-            caches: empty_caches(&self.cfg),
+            caches: empty_caches(&self.layers),
             len: 0,
+            early: EarlyPositions::default(),
             batcher: Arc::clone(&self.batcher),
             id: self.batcher.new_id(),
-        })
+        }))
     }
 
     fn forward(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
@@ -615,33 +751,94 @@ impl<B: Block> CausalLm for Decoder<B> {
         if let Some(bad) = tokens.iter().find(|&&id| id >= vocab) {
             return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
         }
-        let start = self.len;
-        if start + t > self.cfg.max_position_embeddings {
-            return Err(Error::PromptTooLong { prompt_tokens: start + t, context: self.cfg.max_position_embeddings });
+        let n = self.layers.len();
+        if let Some(exit) = opts.exit_layer {
+            if exit == 0 || exit >= n {
+                return Err(Error::InvalidOption(format!(
+                    "exit layer {exit} is outside 1..={} (the model has {n} layers)",
+                    n - 1
+                )));
+            }
+            if exit != self.early.layers {
+                self.truncate(self.len);
+                self.early.layers = exit;
+            }
         }
-        let n_layers = opts.exit_layer.unwrap_or(self.layers.len());
-        if n_layers == 0 || n_layers > self.layers.len() {
-            return Err(Error::InvalidOption(format!(
-                "exit layer {n_layers} is outside 1..={}",
-                self.layers.len()
-            )));
+        let end = self.len + t + if opts.exit_layer.is_some() { self.early.tokens.len() } else { 0 };
+        if end > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { prompt_tokens: end, context: self.cfg.max_position_embeddings });
         }
-        let job = Job {
-            id: self.batcher.new_id(),
-            owner: self.id,
-            tokens: tokens.to_vec(),
-            opts: opts.clone(),
-            caches: std::mem::take(&mut self.caches),
-            len: start,
+        if opts.exit_layer.is_none() && self.early.tokens.is_empty() {
+            // A plain forward: batched with the forwards that other forks make at the same time.
+            let job = Job {
+                id: self.batcher.new_id(),
+                owner: self.id,
+                tokens: tokens.to_vec(),
+                opts: opts.clone(),
+                caches: std::mem::take(&mut self.caches),
+                len: self.len,
+            };
+            let batcher = Arc::clone(&self.batcher);
+            let done = batcher.run(self, job);
+            self.caches = done.caches;
+            self.len = done.len;
+            return done.out;
+        }
+        let x = match opts.exit_layer {
+            Some(exit) => {
+                // Drafting: the first `exit` layers only, after the positions they already hold.
+                let start = self.len + self.early.tokens.len();
+                let x = self.run_layers(self.embed_tokens(tokens)?, 0..exit, start)?;
+                self.early.tokens.extend_from_slice(tokens);
+                self.early.hidden.extend(x.flatten_all()?.to_vec1::<f32>()?);
+                x
+            }
+            None => {
+                let start = self.len;
+                // Reuse what drafting computed for the leading tokens, and forget the rest of it.
+                let reused = self.early.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                self.truncate(start + reused);
+                let x = if reused == 0 {
+                    self.run_layers(self.embed_tokens(tokens)?, 0..n, start)?
+                } else {
+                    let exit = self.early.layers;
+                    let hidden = self.early.hidden.split_off(0);
+                    let mut x = Tensor::from_vec(hidden, (1, reused, self.cfg.hidden_size), &self.device)?;
+                    if reused < t {
+                        let rest = self.run_layers(self.embed_tokens(&tokens[reused..])?, 0..exit, start + reused)?;
+                        x = Tensor::cat(&[&x, &rest], 1)?;
+                    }
+                    self.run_layers(x, exit..n, start)?
+                };
+                self.early.tokens.clear();
+                self.len = start + t;
+                x
+            }
         };
-        let batcher = Arc::clone(&self.batcher);
-        let done = batcher.run(self, job);
-        self.caches = done.caches;
-        self.len = done.len;
-        done.out
+        let x = x.squeeze(0)?; // [t, hidden]
+        let rows = match &opts.logits {
+            LogitRows::All => Some(x.clone()),
+            LogitRows::Last(n) => {
+                let n = (*n).clamp(1, t);
+                Some(x.narrow(0, t - n, n)?)
+            }
+            LogitRows::None => None,
+        };
+        let hidden = if opts.hidden_states { Some(self.norm.forward(&x)?) } else { None };
+        let logits = match rows {
+            Some(r) => {
+                let mut l = self.lm_head.forward(&self.norm.forward(&r)?)?;
+                if let Some(cap) = self.cfg.final_logit_softcapping {
+                    l = ((l / cap)?.tanh()? * cap)?;
+                }
+                Some(l.to_dtype(DType::F32)?)
+            }
+            None => None,
+        };
+        Ok(ForwardOutput { logits, hidden })
     }
 }
 
-fn empty_caches(cfg: &ModelConfig) -> Vec<KvCache> {
-    (0..cfg.num_hidden_layers).map(|_| KvCache::new(cfg.num_key_value_heads, cfg.head_dim)).collect()
+fn empty_caches<B: Block>(layers: &[B]) -> Vec<KvCache> {
+    layers.iter().map(Block::new_cache).collect()
 }

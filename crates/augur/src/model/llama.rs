@@ -34,6 +34,10 @@ impl Block for LlamaBlock {
         let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, steps, ropes, caches)?)?;
         Ok((&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
+
+    fn new_cache(&self) -> KvCache {
+        self.self_attn.new_cache()
+    }
 }
 
 pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Decoder<LlamaBlock>> {

@@ -3,10 +3,17 @@
 //! cache can be cut back to any length.
 
 pub mod config;
+mod deepseek_v3;
 mod gemma3;
+mod glm4_moe;
+pub mod gemma4;
+pub mod gemma4_assistant;
 pub mod kv_cache;
 pub mod layers;
 mod llama;
+mod moe;
+pub mod mtp;
+mod qkernels;
 mod qwen2;
 pub mod weights;
 
@@ -14,12 +21,14 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, LayerKind, ModelConfig};
+use kv_cache::KvCache;
 pub use weights::Weights;
 
 use crate::error::{Error, Result};
 
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["llama", "qwen2", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] =
+    &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant", "deepseek_v3", "glm4_moe"];
 
 /// Which positions of a forward block get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +44,10 @@ pub struct ForwardOptions {
     pub logits: LogitRows,
     /// Also return the final hidden states (after the final norm), `[t, hidden]`.
     pub hidden_states: bool,
-    /// Run only the first `L` layers, then the final norm and LM head (early-exit drafting). The cache of the
-    /// skipped layers is left as it was and `cache_len` does not advance.
+    /// Run only the first `L` layers (`1 ≤ L < num_layers`), then the final norm and LM head: early-exit
+    /// drafting. The tokens go after the positions those layers already hold; `cache_len` does not advance. The
+    /// next full forward reuses these positions where its tokens match them and discards the rest, and
+    /// `truncate` cuts them back like any cached position.
     pub exit_layer: Option<usize>,
 }
 
@@ -63,7 +74,31 @@ pub trait CausalLm: Send {
     fn cache_len(&self) -> usize;
     /// Another sequence over the same weights (shared, not copied), with an empty cache: how several requests
     /// run against one loaded model.
-    fn fork(&self) -> Box<dyn CausalLm>;
+    fn fork(&self) -> Result<Box<dyn CausalLm>> {
+        Err(Error::InvalidOption(format!(
+            "{} models cannot be forked into concurrent sequences",
+            self.config().architecture.name()
+        )))
+    }
+    /// Hands over the model's multi-token-prediction layers, if it has any (they are then the MTP drafter's).
+    fn take_mtp(&mut self) -> Option<Box<dyn mtp::MtpHead>> {
+        None
+    }
+    /// The model's scaled input embeddings of `tokens`, `[t, hidden]`, for drafters that embed with the target's
+    /// table (Gemma 4's assistant).
+    fn embed_tokens(&self, _tokens: &[u32]) -> Result<Tensor> {
+        Err(Error::InvalidOption(format!("{} does not expose its input embeddings", self.config().architecture.name())))
+    }
+    /// The KV cache that a KV-sharing model keeps for layers of `kind` to reuse (Gemma 4's store layers), which
+    /// its assistant reads; `None` for models without KV sharing.
+    fn shared_kv(&self, _kind: LayerKind) -> Option<&KvCache> {
+        None
+    }
+    /// The model as `Any`, for callers that need an architecture's own API (a drafter model that is not run on
+    /// tokens).
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// Builds the model for `cfg.architecture`: the architecture registry.
@@ -72,12 +107,18 @@ pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Box<dyn CausalLm>> {
         Architecture::Llama => Ok(Box::new(llama::load(cfg, w)?)),
         Architecture::Qwen2 => Ok(Box::new(qwen2::load(cfg, w)?)),
         Architecture::Gemma3 => Ok(Box::new(gemma3::load(cfg, w)?)),
+        Architecture::DeepseekV3 => Ok(Box::new(deepseek_v3::load(cfg, w)?)),
+        Architecture::Glm4Moe => Ok(Box::new(glm4_moe::load(cfg, w)?)),
+        Architecture::Gemma4 => Ok(Box::new(gemma4::load(cfg, w)?)),
+        Architecture::Gemma4Assistant => Ok(Box::new(gemma4_assistant::load(cfg, w)?)),
     }
 }
 
 /// A loaded model with what was read alongside it.
 pub struct LoadedModel {
     pub model: Box<dyn CausalLm>,
+    /// The checkpoint's MTP layers (DeepSeek-V3, GLM-4.5), taken out of the model for the MTP drafter.
+    pub mtp: Option<Box<dyn mtp::MtpHead>>,
     pub weights_info: WeightsInfo,
     /// The GGUF metadata, when the model came from a GGUF file (it also holds the tokenizer).
     pub gguf: Option<std::sync::Arc<candle_core::quantized::gguf_file::Content>>,
@@ -117,7 +158,8 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
         let mut w = Weights::open_safetensors(path, cfg.architecture, device)?;
         w.dequantize = opts.dequantize;
         let weights_info = info(&w);
-        Ok(LoadedModel { model: build(cfg, &w)?, weights_info, gguf: None })
+        let mut model = build(cfg, &w)?;
+        Ok(LoadedModel { mtp: model.take_mtp(), model, weights_info, gguf: None })
     } else if path.is_file() {
         let (mut w, content) = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
@@ -127,7 +169,8 @@ pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<Loa
             cfg.rope_scaling = config::RopeScaling::Factors(f);
         }
         let weights_info = info(&w);
-        Ok(LoadedModel { model: build(cfg, &w)?, weights_info, gguf: Some(content) })
+        let mut model = build(cfg, &w)?;
+        Ok(LoadedModel { mtp: model.take_mtp(), model, weights_info, gguf: Some(content) })
     } else {
         Err(Error::ModelNotFound(path.display().to_string()))
     }

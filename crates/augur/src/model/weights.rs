@@ -11,6 +11,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::Architecture;
+use super::qkernels::BlockMatrix;
 use crate::error::{Error, Result};
 
 enum Source {
@@ -30,17 +31,36 @@ pub struct Weights {
 /// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense f32.
 #[derive(Clone)]
 pub struct Linear {
-    weight: QMatMul,
+    weight: LinearWeight,
     bias: Option<Tensor>,
 }
 
+#[derive(Clone)]
+enum LinearWeight {
+    Candle(QMatMul),
+    /// Block types with our own CPU kernels (see `qkernels`).
+    Blocks(Arc<BlockMatrix>),
+}
+
 impl Linear {
+    fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
+        let weight = match &weight {
+            QMatMul::QTensor(q) if q.device().is_cpu() => match BlockMatrix::from_qtensor(q)? {
+                Some(b) => LinearWeight::Blocks(Arc::new(b)),
+                None => LinearWeight::Candle(weight),
+            },
+            _ => LinearWeight::Candle(weight),
+        };
+        Ok(Self { weight, bias })
+    }
+
     /// Kernels whose single-row product takes another path (another summation order) than their multi-row
     /// product: dense f32 (GEMV vs GEMM) and Q6K (compact vs repacked tiles).
     fn single_row_differs(&self) -> bool {
         match &self.weight {
-            QMatMul::QTensor(q) => q.dtype() == GgmlDType::Q6K,
-            QMatMul::Tensor(_) | QMatMul::TensorF16(_) => true,
+            LinearWeight::Candle(QMatMul::QTensor(q)) => q.dtype() == GgmlDType::Q6K,
+            LinearWeight::Candle(QMatMul::Tensor(_) | QMatMul::TensorF16(_)) => true,
+            LinearWeight::Blocks(_) => false,
         }
     }
 
@@ -48,17 +68,22 @@ impl Linear {
     /// verified in a block gets exactly the logits it would get decoded alone (greedy speculation is lossless
     /// bit for bit): a single row is computed as two identical rows where the kernel would otherwise switch.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let rows = x.elem_count() / x.dim(candle_core::D::Minus1)?;
-        let y = if rows == 1 && self.single_row_differs() {
-            let shape = x.dims().to_vec();
-            let in_dim = shape[shape.len() - 1];
-            let two = x.reshape((1, in_dim))?.repeat((2, 1))?;
-            let y = self.weight.forward(&two)?.narrow(0, 0, 1)?;
-            let mut out_shape = shape;
-            *out_shape.last_mut().expect("rank >= 1") = y.dim(1)?;
-            y.reshape(out_shape)?
-        } else {
-            self.weight.forward(x)?
+        let in_dim = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / in_dim;
+        let mut out_shape = x.dims().to_vec();
+        let y = match &self.weight {
+            LinearWeight::Blocks(b) => {
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                *out_shape.last_mut().expect("rank >= 1") = b.out_features();
+                Tensor::from_vec(b.matmul(&xs, rows), out_shape, x.device())?
+            }
+            LinearWeight::Candle(w) if rows == 1 && self.single_row_differs() => {
+                let two = x.reshape((1, in_dim))?.repeat((2, 1))?;
+                let y = w.forward(&two)?.narrow(0, 0, 1)?;
+                *out_shape.last_mut().expect("rank >= 1") = y.dim(1)?;
+                y.reshape(out_shape)?
+            }
+            LinearWeight::Candle(w) => w.forward(x)?,
         };
         Ok(match &self.bias {
             Some(b) => y.broadcast_add(b)?,
@@ -89,7 +114,7 @@ impl Embedding {
             Embedding::Dense(t) => QMatMul::Tensor(t.clone()),
             Embedding::Quantized(q) => QMatMul::from_arc(q.clone())?,
         };
-        Ok(Linear { weight, bias: None })
+        Linear::new(weight, None)
     }
 }
 
@@ -294,7 +319,7 @@ impl Weights {
             None => QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?),
         };
         let bias = if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None };
-        Ok(Linear { weight, bias })
+        Linear::new(weight, bias)
     }
 
     pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {

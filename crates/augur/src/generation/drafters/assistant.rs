@@ -19,6 +19,8 @@ pub struct AssistantModel<'m> {
     eos: Vec<u32>,
     /// Target vocabulary size (rows of its logits); the draft distributions are laid out over it.
     target_vocab: usize,
+    /// Whether drafts carry their distributions: for speculative sampling, and for ensemble verification.
+    keep_q: bool,
 }
 
 impl<'m> AssistantModel<'m> {
@@ -44,6 +46,7 @@ impl<'m> AssistantModel<'m> {
             ),
             eos: cfg.eos_token_id.clone(),
             target_vocab,
+            keep_q: cfg.do_sample || cfg.assistant_ensemble_weight.is_some(),
         })
     }
 
@@ -57,7 +60,7 @@ impl Drafter for AssistantModel<'_> {
         "assistant_model"
     }
 
-    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+    fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
         let max = max.min(self.length.num_assistant_tokens);
         if max == 0 {
             return Ok(Draft::default());
@@ -81,7 +84,7 @@ impl Drafter for AssistantModel<'_> {
             let confidence = q[token as usize];
             tokens.push(token);
             confidences.push(confidence);
-            if do_sample {
+            if self.keep_q {
                 qs.push(q);
             }
             ctx.push(token);
@@ -93,7 +96,7 @@ impl Drafter for AssistantModel<'_> {
             }
         }
         self.length.record_probs(&confidences);
-        Ok(Draft { tokens, q: do_sample.then_some(qs) })
+        Ok(Draft { tokens, q: self.keep_q.then_some(qs) })
     }
 
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()> {

@@ -2,20 +2,34 @@
 
 mod assistant;
 mod backoff;
+mod early_exit;
+mod gemma4_assistant;
+mod mtp;
 mod prompt_lookup;
+mod universal;
+mod universal_sampling;
 
 pub use assistant::AssistantModel;
 pub use backoff::{Backoff, BackoffPolicy};
+pub use early_exit::EarlyExit;
+pub use gemma4_assistant::Gemma4AssistantDrafter;
+pub use mtp::MtpDrafter;
 pub use prompt_lookup::PromptLookup;
+pub use universal::UniversalAssisted;
+pub use universal_sampling::{UniversalSampling, VocabMap};
+
+use candle_core::Tensor;
 
 use crate::error::Result;
+use crate::model::CausalLm;
 
 /// Candidate tokens for one round.
 #[derive(Debug, Clone, Default)]
 pub struct Draft {
     pub tokens: Vec<u32>,
-    /// `q[i]`: the exact distribution (probabilities, `[vocab]`) `tokens[i]` was sampled from. `None` means a
-    /// deterministic proposal, i.e. a one-hot `q`.
+    /// `q[i]`: the exact distribution (probabilities, `[vocab]`) `tokens[i]` was sampled from (greedy: the
+    /// distribution it is the argmax of, kept for ensemble verification). `None` means a deterministic proposal,
+    /// i.e. a one-hot `q`.
     pub q: Option<Vec<Vec<f32>>>,
 }
 
@@ -23,9 +37,20 @@ pub struct Draft {
 pub trait Drafter {
     /// The method's name as `--json` stats report it.
     fn method(&self) -> &'static str;
-    /// Up to `max` tokens continuing `context` (prompt and accepted tokens).
-    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft>;
+    /// Up to `max` tokens continuing `context` (prompt and accepted tokens). `target` is the verifying model:
+    /// only drafters that run on it (early exit) use it, and they must leave its `cache_len` as it was.
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft>;
     /// The target kept `accepted` of the `proposed` drafts and `context` is now the whole sequence: roll back
     /// and adapt.
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()>;
+    /// Whether the drafter needs the target's final hidden states from each verification forward (MTP, Gemma 4's
+    /// assistant).
+    fn wants_target_hidden(&self) -> bool {
+        false
+    }
+    /// The verification forward's final hidden states `[fed, hidden]`, of which the first `accepted_rows` belong
+    /// to positions the target kept; called before [`Drafter::observe`] when [`Drafter::wants_target_hidden`].
+    fn target_hidden(&mut self, _hidden: &Tensor, _accepted_rows: usize) -> Result<()> {
+        Ok(())
+    }
 }

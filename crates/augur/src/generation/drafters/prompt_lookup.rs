@@ -3,6 +3,7 @@
 
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
+use crate::model::CausalLm;
 
 pub struct PromptLookup {
     /// `prompt_lookup_num_tokens`: the longest continuation copied.
@@ -56,7 +57,7 @@ impl Drafter for PromptLookup {
         "prompt_lookup"
     }
 
-    fn propose(&mut self, context: &[u32], max: usize) -> Result<Draft> {
+    fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
         Ok(Draft { tokens: self.lookup(context, max), q: None })
     }
 

@@ -1,0 +1,373 @@
+//! `augur bench`: speed of one model (prefill, decode, the cost of a k-token forward), or, with `--prompts`,
+//! plain decoding against speculative methods over Spec-Bench prompts with the Spec-Bench protocol (greedy,
+//! batch 1, first turn, chat template applied, the same prompts for every method, runs interleaved so that load
+//! changes hit every method alike).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use augur::generation::config::GenerationOptions;
+use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::pipeline::{Pipeline, Prompt};
+use augur::tokenizer::ChatMessage;
+use clap::Args;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Speed mode: prompt tokens of the prefill measurement (0 skips it).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    prefill: usize,
+    /// Speed mode: tokens of the decode measurement (0 skips it).
+    #[arg(short = 'n', long, default_value_t = 64)]
+    decode: usize,
+    /// Speed mode: block sizes of the k-token forward cost curve.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    k: Vec<usize>,
+    /// Spec-Bench mode: a question.jsonl file (`question_id`, `category`, `turns`).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Spec-Bench mode: prompts per category.
+    #[arg(long, default_value_t = 2)]
+    limit: usize,
+    /// Spec-Bench mode: only these categories (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    categories: Vec<String>,
+    /// Spec-Bench mode: methods compared with plain decoding: prompt_lookup, assistant_model.
+    #[arg(long, value_delimiter = ',', default_value = "prompt_lookup")]
+    methods: Vec<String>,
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    #[arg(long)]
+    assistant_model: Option<String>,
+    #[arg(long, default_value_t = 10)]
+    prompt_lookup_num_tokens: usize,
+    #[arg(long)]
+    max_matching_ngram_size: Option<usize>,
+    #[arg(long)]
+    num_assistant_tokens: Option<usize>,
+    #[arg(long)]
+    num_assistant_tokens_schedule: Option<String>,
+    #[arg(long)]
+    assistant_confidence_threshold: Option<f32>,
+    /// Cap drafts by their measured cost (default true); false gives Transformers' round structure.
+    #[arg(long)]
+    cost_aware_drafting: Option<bool>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    crate::set_threads(args.threads)?;
+    let mut pipe = Pipeline::load(args.model.as_deref())?;
+    let result = match &args.prompts {
+        Some(p) => {
+            if let Some(a) = &args.assistant_model {
+                pipe = pipe.with_assistant(a)?;
+            }
+            spec_bench(&mut pipe, &args, p)?
+        }
+        None => speed(&mut pipe, &args)?,
+    };
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&result)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Deterministic token ids spread over the vocabulary (like llama-bench's random prompt).
+fn synthetic_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab.min(32_000)) as u32).collect()
+}
+
+fn timed(model: &mut dyn CausalLm, tokens: &[u32], rows: LogitRows) -> Result<f64> {
+    let t = Instant::now();
+    model.forward(tokens, &ForwardOptions::logits(rows))?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Prefill and decode tokens per second (llama-bench's pp and tg: decode starts from an empty cache), and
+/// the cost of a k-token forward relative to a one-token forward at a 64-token context.
+fn speed(pipe: &mut Pipeline, args: &BenchArgs) -> Result<Value> {
+    let model = pipe.target.model.as_mut();
+    let vocab = model.config().vocab_size;
+    let threads = rayon::current_num_threads();
+    // Warm-up: page the weights in.
+    model.truncate(0);
+    model.forward(&synthetic_tokens(8, vocab), &ForwardOptions::logits(LogitRows::Last(1)))?;
+    let mut out = json!({ "model": pipe.target.path.display().to_string(), "threads": threads });
+    if args.prefill > 0 {
+        let prompt = synthetic_tokens(args.prefill, vocab);
+        let mut secs = Vec::new();
+        for _ in 0..args.reps {
+            model.truncate(0);
+            secs.push(timed(model, &prompt, LogitRows::Last(1))?);
+        }
+        let tps = args.prefill as f64 / median(secs);
+        println!("prefill  {:>5} tokens: {tps:>9.1} tok/s", args.prefill);
+        out["prefill_tokens_per_s"] = json!(tps);
+    }
+    if args.decode > 0 {
+        let tokens = synthetic_tokens(args.decode, vocab);
+        let mut secs = Vec::new();
+        for _ in 0..args.reps {
+            model.truncate(0);
+            let t = Instant::now();
+            for tok in &tokens {
+                model.forward(&[*tok], &ForwardOptions::logits(LogitRows::Last(1)))?;
+            }
+            secs.push(t.elapsed().as_secs_f64());
+        }
+        let tps = args.decode as f64 / median(secs);
+        println!("decode   {:>5} tokens: {tps:>9.1} tok/s", args.decode);
+        out["decode_tokens_per_s"] = json!(tps);
+    }
+    if !args.k.is_empty() {
+        let context = synthetic_tokens(64, vocab);
+        let mut curve = BTreeMap::new();
+        let mut base = None;
+        for &k in std::iter::once(&1).chain(args.k.iter().filter(|&&k| k != 1)) {
+            if k == 0 {
+                bail!("--k values must be at least 1");
+            }
+            let block = synthetic_tokens(k, vocab);
+            let mut secs = Vec::new();
+            // Enough repetitions for a stable median of a millisecond-scale operation.
+            for _ in 0..args.reps.max(9) {
+                model.truncate(0);
+                model.forward(&context, &ForwardOptions::logits(LogitRows::None))?;
+                secs.push(timed(model, &block, LogitRows::Last(k))?);
+            }
+            let s = median(secs);
+            let b = *base.get_or_insert(s);
+            println!("forward k={k:<2} at context 64: {:>8.2} ms = {:.2}x a one-token forward", s * 1e3, s / b);
+            curve.insert(k.to_string(), json!({ "seconds": s, "relative": s / b }));
+        }
+        out["k_cost"] = json!(curve);
+    }
+    model.truncate(0);
+    Ok(out)
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    question_id: u64,
+    category: String,
+    method: String,
+    new_tokens: usize,
+    seconds: f64,
+    target_forwards: usize,
+    drafted: usize,
+    accepted: usize,
+    /// Greedy tokens identical to plain decoding's on this prompt.
+    same_as_plain: bool,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+struct Summary {
+    prompts: usize,
+    new_tokens: usize,
+    seconds: f64,
+    target_forwards: usize,
+    drafted: usize,
+    accepted: usize,
+    tokens_per_s: f64,
+    mean_accepted_per_forward: f64,
+    acceptance_rate: f64,
+    speedup: f64,
+    identical_to_plain: usize,
+}
+
+fn method_options(args: &BenchArgs, method: &str) -> Result<GenerationOptions> {
+    let mut o = GenerationOptions {
+        max_new_tokens: Some(args.max_new_tokens),
+        do_sample: Some(false),
+        cost_aware_drafting: args.cost_aware_drafting,
+        ..Default::default()
+    };
+    match method {
+        "plain" => {}
+        "prompt_lookup" => {
+            o.prompt_lookup_num_tokens = Some(args.prompt_lookup_num_tokens);
+            o.max_matching_ngram_size = args.max_matching_ngram_size;
+        }
+        "assistant_model" => {
+            if args.assistant_model.is_none() {
+                bail!("the assistant_model method needs --assistant-model");
+            }
+            o.num_assistant_tokens = args.num_assistant_tokens;
+            o.num_assistant_tokens_schedule = args.num_assistant_tokens_schedule.clone();
+            o.assistant_confidence_threshold = args.assistant_confidence_threshold;
+        }
+        other => bail!("unknown method {other:?} (expected prompt_lookup or assistant_model)"),
+    }
+    Ok(o)
+}
+
+/// The first `limit` first-turn prompts of each category, in file order.
+fn load_prompts(path: &PathBuf, limit: usize, categories: &[String]) -> Result<Vec<(u64, String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut per_category: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        let field = |name: &str| v.get(name).with_context(|| format!("{}:{}: no `{name}`", path.display(), i + 1));
+        let category = field("category")?.as_str().context("`category` is not a string")?.to_string();
+        let turn = field("turns")?.get(0).and_then(Value::as_str).context("`turns[0]` is not a string")?;
+        let id = field("question_id")?.as_u64().context("`question_id` is not an integer")?;
+        if !categories.is_empty() && !categories.contains(&category) {
+            continue;
+        }
+        let n = per_category.entry(category.clone()).or_default();
+        if *n < limit {
+            *n += 1;
+            out.push((id, category, turn.to_string()));
+        }
+    }
+    if out.is_empty() {
+        bail!("{}: no prompts selected", path.display());
+    }
+    Ok(out)
+}
+
+fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<Value> {
+    let prompts = load_prompts(path, args.limit, &args.categories)?;
+    let mut methods = vec!["plain".to_string()];
+    methods.extend(args.methods.iter().filter(|m| *m != "plain").cloned());
+    let options: Vec<GenerationOptions> = methods.iter().map(|m| method_options(args, m)).collect::<Result<_>>()?;
+    // Only the assistant_model runs see the assistant: the pipeline would otherwise draft with it.
+    let mut assistant = pipe.assistant.take();
+    // Warm-up on the first prompt (pages the weights in), not timed.
+    let warm = Prompt::Chat(vec![ChatMessage::user(prompts[0].2.clone())]);
+    pipe.generate(&warm, &GenerationOptions { max_new_tokens: Some(8), ..options[0].clone() }, None)?;
+
+    let mut runs = Vec::new();
+    let mut rendered = Vec::new();
+    for (id, category, text) in &prompts {
+        let messages = vec![ChatMessage::user(text.clone())];
+        rendered.push(json!({
+            "question_id": id,
+            "category": category,
+            "text": pipe.target.tokenizer.apply_chat_template(&messages, true)?,
+        }));
+        let ids = pipe.encode(&Prompt::Chat(messages), true)?;
+        let mut plain_tokens = Vec::new();
+        for (method, opts) in methods.iter().zip(&options) {
+            let with_assistant = method == "assistant_model";
+            if with_assistant {
+                pipe.assistant = assistant.take();
+            }
+            let out = pipe.generate_ids(&ids, opts, None);
+            if with_assistant {
+                assistant = pipe.assistant.take();
+            }
+            let out = out?;
+            if method == "plain" {
+                plain_tokens = out.tokens.clone();
+            }
+            let s = &out.stats;
+            eprintln!(
+                "{id:>4} {category:<14} {method:<16} {:>4} tokens {:>7.2} s {:>6.1} tok/s {:>5.2} tok/forward",
+                s.new_tokens, s.seconds, s.tokens_per_s, s.mean_accepted_per_forward
+            );
+            runs.push(Run {
+                question_id: *id,
+                category: category.clone(),
+                method: method.clone(),
+                new_tokens: s.new_tokens,
+                seconds: s.seconds,
+                target_forwards: s.target_forwards,
+                drafted: s.drafted,
+                accepted: s.accepted,
+                same_as_plain: out.tokens == plain_tokens,
+            });
+        }
+    }
+    pipe.assistant = assistant;
+
+    let summaries = summarize(&runs);
+    print_table(&methods, &summaries);
+    Ok(json!({
+        "model": pipe.target.path.display().to_string(),
+        "assistant_model": args.assistant_model,
+        "threads": rayon::current_num_threads(),
+        "max_new_tokens": args.max_new_tokens,
+        "limit_per_category": args.limit,
+        "summary": summaries,
+        "runs": runs,
+        "prompts": rendered,
+    }))
+}
+
+/// Per category (and `overall`) and method.
+fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Summary>> = BTreeMap::new();
+    for r in runs {
+        for cat in [r.category.as_str(), "overall"] {
+            let s = out.entry(cat.to_string()).or_default().entry(r.method.clone()).or_default();
+            s.prompts += 1;
+            s.new_tokens += r.new_tokens;
+            s.seconds += r.seconds;
+            s.target_forwards += r.target_forwards;
+            s.drafted += r.drafted;
+            s.accepted += r.accepted;
+            s.identical_to_plain += usize::from(r.same_as_plain);
+        }
+    }
+    for methods in out.values_mut() {
+        let plain_rate = methods.get("plain").map(|p| p.new_tokens as f64 / p.seconds).unwrap_or(f64::NAN);
+        for s in methods.values_mut() {
+            s.tokens_per_s = s.new_tokens as f64 / s.seconds;
+            s.mean_accepted_per_forward = s.new_tokens as f64 / s.target_forwards.max(1) as f64;
+            s.acceptance_rate = if s.drafted > 0 { s.accepted as f64 / s.drafted as f64 } else { 0.0 };
+            s.speedup = s.tokens_per_s / plain_rate;
+        }
+    }
+    out
+}
+
+fn print_table(methods: &[String], summaries: &BTreeMap<String, BTreeMap<String, Summary>>) {
+    println!(
+        "| category | method | prompts | tok/s | speedup | tokens/forward | acceptance | identical to plain |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let overall = "overall".to_string();
+    let order = summaries.keys().filter(|k| **k != overall).chain(std::iter::once(&overall));
+    for cat in order {
+        for m in methods {
+            if let Some(s) = summaries.get(cat).and_then(|c| c.get(m)) {
+                println!(
+                    "| {cat} | {m} | {} | {:.1} | {:.2}x | {:.2} | {:.0}% | {}/{} |",
+                    s.prompts,
+                    s.tokens_per_s,
+                    s.speedup,
+                    s.mean_accepted_per_forward,
+                    100.0 * s.acceptance_rate,
+                    s.identical_to_plain,
+                    s.prompts
+                );
+            }
+        }
+    }
+}

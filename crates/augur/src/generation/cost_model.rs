@@ -1,0 +1,209 @@
+//! Cost-aware drafting: the loop measures what a round costs (drafting, then verifying γ drafts) and what it
+//! yields (accepted drafts plus the target's own token), and caps the next round's draft length at the γ that
+//! maximises expected tokens per second, or drafts nothing when a plain one-token step is faster.
+//!
+//! With per-draft acceptance rate α, a round of γ drafts yields E(γ) = (1 − α^(γ+1)) / (1 − α) tokens
+//! (Leviathan et al., 2023) and costs t₁ + γ·(d + v): t₁ a one-token target forward, d the drafting seconds per
+//! draft, v the extra verification seconds per draft. Every estimate is measured in this call: t₁ from plain
+//! steps (one is taken right after the prefill), d and v from speculative rounds, α from decayed counts. When
+//! drafting does not pay, the loop backs off for a growing number of plain steps, then probes again.
+//!
+//! Greedy outputs are unchanged by construction (only the round structure changes). Under sampling the
+//! distribution stays exact, but the random stream is consumed differently depending on timing, so a seeded
+//! sampled run is reproducible only with `cost_aware_drafting = false`.
+
+/// Decay of the running estimates per round: the last few rounds dominate.
+const DECAY: f64 = 0.7;
+/// Longest draft the model proposes on its own (the drafter's own limit still applies).
+const MAX_GAMMA: usize = 32;
+/// Draft length of a probe round after a back-off.
+const PROBE_GAMMA: usize = 4;
+/// Plain steps in the first back-off; doubled after each failed probe up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: usize = 4;
+const MAX_BACKOFF: usize = 64;
+/// Drafting must promise at least this speedup over a plain step.
+const MIN_GAIN: f64 = 1.02;
+
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    /// Seconds of a one-token target forward.
+    plain: Option<f64>,
+    /// Drafting seconds per proposed draft.
+    draft: Option<f64>,
+    /// Verification seconds per draft beyond a one-token forward.
+    verify: Option<f64>,
+    /// Decayed counts of accepted drafts and of rejections (rounds that kept fewer drafts than proposed).
+    accepted: f64,
+    rejected: f64,
+    rounds: usize,
+    /// Plain steps left before the next probe, and the length of the next back-off.
+    skip: usize,
+    backoff: usize,
+    probing: bool,
+}
+
+/// What the next round may draft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftCap {
+    /// No limit from the cost model.
+    Unlimited,
+    /// At most this many drafts; 0 means a plain step without calling the drafter.
+    AtMost(usize),
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CostModel {
+    pub fn new() -> Self {
+        Self {
+            plain: None,
+            draft: None,
+            verify: None,
+            accepted: 0.0,
+            rejected: 0.0,
+            rounds: 0,
+            skip: 0,
+            backoff: FIRST_BACKOFF,
+            probing: false,
+        }
+    }
+
+    /// The cap for the next round.
+    pub fn next_cap(&mut self) -> DraftCap {
+        match self.rounds {
+            // The prefill round drafts freely: its cost says nothing about decoding.
+            0 => return DraftCap::Unlimited,
+            // One plain step right after the prefill measures t₁.
+            1 if self.plain.is_none() => return DraftCap::AtMost(0),
+            _ => {}
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            if self.skip == 0 {
+                self.probing = true;
+                return DraftCap::AtMost(PROBE_GAMMA);
+            }
+            return DraftCap::AtMost(0);
+        }
+        match self.best_gamma() {
+            Some(0) => {
+                self.skip = self.backoff;
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                DraftCap::AtMost(0)
+            }
+            Some(g) => DraftCap::AtMost(g),
+            None => DraftCap::Unlimited,
+        }
+    }
+
+    /// Records a finished round: `gamma` drafts proposed, `accepted` kept, with its timings. `gamma == 0` is a
+    /// plain step.
+    pub fn record(&mut self, gamma: usize, accepted: usize, draft_seconds: f64, verify_seconds: f64) {
+        let first = self.rounds == 0;
+        self.rounds += 1;
+        if first {
+            return;
+        }
+        if gamma == 0 {
+            self.plain = Some(ema(self.plain, verify_seconds));
+            return;
+        }
+        if let Some(t1) = self.plain {
+            self.verify = Some(ema(self.verify, ((verify_seconds - t1) / gamma as f64).max(0.0)));
+        }
+        self.draft = Some(ema(self.draft, draft_seconds / gamma as f64));
+        self.accepted = self.accepted * DECAY + accepted as f64;
+        self.rejected = self.rejected * DECAY + if accepted < gamma { 1.0 } else { 0.0 };
+        if std::mem::take(&mut self.probing) && self.best_gamma().is_some_and(|g| g > 0) {
+            self.backoff = FIRST_BACKOFF;
+        }
+    }
+
+    /// The draft length with the best expected tokens per second; `None` until every cost is measured.
+    fn best_gamma(&self) -> Option<usize> {
+        let (t1, d, v) = (self.plain?, self.draft?, self.verify?);
+        // A Beta(1, 1) prior keeps α inside (0, 1).
+        let alpha = (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0);
+        let plain_rate = 1.0 / t1;
+        let (mut best, mut best_rate) = (0, plain_rate * MIN_GAIN);
+        for g in 1..=MAX_GAMMA {
+            let yield_ = (1.0 - alpha.powi(g as i32 + 1)) / (1.0 - alpha);
+            let rate = yield_ / (t1 + g as f64 * (d + v));
+            if rate > best_rate {
+                (best, best_rate) = (g, rate);
+            }
+        }
+        Some(best)
+    }
+}
+
+fn ema(old: Option<f64>, x: f64) -> f64 {
+    match old {
+        Some(o) => DECAY * o + (1.0 - DECAY) * x,
+        None => x,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `rounds` rounds where every draft costs `d` + `v` seconds and drafts are accepted with the
+    /// fixed pattern `accept(gamma)`; returns the caps handed out.
+    fn simulate(rounds: usize, t1: f64, d: f64, v: f64, accept: impl Fn(usize) -> usize) -> Vec<DraftCap> {
+        let mut m = CostModel::new();
+        let mut caps = Vec::new();
+        for _ in 0..rounds {
+            let cap = m.next_cap();
+            caps.push(cap);
+            let gamma = match cap {
+                DraftCap::Unlimited => 10,
+                DraftCap::AtMost(g) => g.min(10),
+            };
+            let n = accept(gamma);
+            m.record(gamma, n, d * gamma as f64, t1 + v * gamma as f64);
+        }
+        caps
+    }
+
+    #[test]
+    fn measures_a_plain_step_after_the_prefill() {
+        let caps = simulate(3, 0.01, 0.0, 0.001, |g| g);
+        assert_eq!(caps[0], DraftCap::Unlimited);
+        assert_eq!(caps[1], DraftCap::AtMost(0));
+    }
+
+    #[test]
+    fn cheap_accurate_drafts_keep_drafting() {
+        let caps = simulate(40, 0.01, 0.0005, 0.0005, |g| g);
+        assert!(caps[3..].iter().all(|c| matches!(c, DraftCap::AtMost(g) if *g >= 8)), "{caps:?}");
+    }
+
+    #[test]
+    fn useless_drafts_back_off_with_growing_gaps() {
+        let caps = simulate(200, 0.01, 0.002, 0.002, |_| 0);
+        let drafting: Vec<usize> = caps
+            .iter()
+            .enumerate()
+            .filter(|(i, c)| *i > 1 && !matches!(c, DraftCap::AtMost(0)))
+            .map(|(i, _)| i)
+            .collect();
+        // A few early rounds until the estimates settle, then only probes, further and further apart.
+        assert!(drafting.len() < 15, "{drafting:?}");
+        let gaps: Vec<usize> = drafting.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.last() >= gaps.first(), "{gaps:?}");
+        assert!(*gaps.last().unwrap() >= 32, "{gaps:?}");
+    }
+
+    #[test]
+    fn expensive_drafts_shorten_the_draft() {
+        // Each draft costs 40% of a target forward and half of them are accepted: short drafts are best.
+        let caps = simulate(60, 0.01, 0.004, 0.0, |g| g / 2);
+        let last = caps.last().unwrap();
+        assert!(matches!(last, DraftCap::AtMost(g) if *g <= 3), "{caps:?}");
+    }
+}

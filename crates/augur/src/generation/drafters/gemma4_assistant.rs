@@ -1,0 +1,156 @@
+//! The Gemma 4 assistant as a drafter (Transformers' `SinglePositionMultiTokenCandidateGenerator`, spec 11): no
+//! draft in the first round (the target's prefill runs first); then, from the hidden state that produced the
+//! newest token and that token's embedding in the target's table, the assistant drafts step after step at the
+//! constant position of the newest token, attending to the target's shared KV and feeding its projected hidden
+//! state back. It keeps no state of its own.
+//!
+//! Two deviations from Transformers 5.24, both defects there (spec 11.5):
+//! - the shared KV is the target's cache cut to the accepted sequence (positions before the newest token), where
+//!   5.24 slices `[:L]` and keeps keys and values of rejected drafts after a partial acceptance;
+//! - with `do_sample` the drafts are sampled from the target's processors applied to the assistant's logits, and
+//!   that exact distribution is returned as `q` (5.24 drafts the argmax but returns the softmax of the raw logits,
+//!   so its speculative sampling is not lossless). Greedy drafting is unchanged: argmax of the raw logits.
+
+use candle_core::Tensor;
+
+use super::{Draft, Drafter};
+use crate::error::{Error, Result};
+use crate::generation::config::GenerationConfig;
+use crate::generation::logits::LogitsProcessor;
+use crate::generation::sampler::{argmax, softmax, Sampler};
+use crate::model::gemma4_assistant::{Gemma4Assistant, SharedKv};
+use crate::model::{CausalLm, LayerKind};
+
+pub struct Gemma4AssistantDrafter<'m> {
+    model: &'m Gemma4Assistant,
+    /// The target's processors (sampling only).
+    processor: LogitsProcessor,
+    sampler: Sampler,
+    num_assistant_tokens: usize,
+    /// The target's sliding window: its sliding store layer hands Transformers' assistant the last `W − 1` cached
+    /// positions plus the block it just verified.
+    target_window: Option<usize>,
+    /// The assistant's own window: its bidirectional sliding mask lets a query see `W + 1` positions.
+    window: Option<usize>,
+    /// The target's final hidden states of its last forward, `[rows, hidden]`, and how many of those rows were
+    /// accepted into its cache (the rest belong to rejected drafts). `None` before the first forward.
+    hidden: Option<(Tensor, usize)>,
+}
+
+impl<'m> Gemma4AssistantDrafter<'m> {
+    /// `cfg` is the call's resolved configuration (sampling options, seed, `num_assistant_tokens`);
+    /// `target_window` the target's `sliding_window`.
+    pub fn new(
+        model: &'m Gemma4Assistant,
+        cfg: &GenerationConfig,
+        prompt_len: usize,
+        target_window: Option<usize>,
+    ) -> Result<Self> {
+        Ok(Self {
+            window: model.config().sliding_window,
+            model,
+            processor: LogitsProcessor::new(cfg, prompt_len)?,
+            sampler: Sampler::new(cfg.seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15))),
+            num_assistant_tokens: cfg.effective_num_assistant_tokens(),
+            target_window,
+            hidden: None,
+        })
+    }
+}
+
+impl Drafter for Gemma4AssistantDrafter<'_> {
+    fn method(&self) -> &'static str {
+        "gemma4_assistant"
+    }
+
+    fn wants_target_hidden(&self) -> bool {
+        true
+    }
+
+    fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {
+        self.hidden = Some((hidden.clone(), accepted_rows));
+        Ok(())
+    }
+
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
+        let max = max.min(self.num_assistant_tokens);
+        let Some((hidden, kept)) = self.hidden.as_ref() else { return Ok(Draft::default()) };
+        if max == 0 || context.len() < 2 || *kept == 0 || *kept > context.len() - 1 {
+            return Ok(Draft::default());
+        }
+        // `p`: position of the newest token, the first not in the target's cache; the hidden rows start at
+        // `hidden_start`.
+        let p = context.len() - 1;
+        let hidden_start = p - kept;
+        let target = &*target;
+        if target.cache_len() != p {
+            return Err(Error::InvalidOption(format!(
+                "the Gemma 4 assistant needs the target's cache at {p} positions, it holds {}",
+                target.cache_len()
+            )));
+        }
+        let rows = hidden.dim(0)?;
+        if p == 0 || p - 1 < hidden_start || p - 1 - hidden_start >= rows {
+            return Err(Error::InvalidOption("the target's hidden states do not cover the newest token".into()));
+        }
+        let hb = self.model.backbone_hidden_size;
+        if hidden.dim(1)? != hb {
+            return Err(Error::InvalidOption(format!(
+                "the assistant was built for a target hidden size of {hb}, the target's is {}",
+                hidden.dim(1)?
+            )));
+        }
+        let (full, sliding) = match (target.shared_kv(LayerKind::Full), target.shared_kv(LayerKind::Sliding)) {
+            (Some(f), Some(s)) => (f, s),
+            _ => {
+                return Err(Error::InvalidOption(
+                    "the Gemma 4 assistant needs a Gemma 4 target with both sliding and global layers".into(),
+                ))
+            }
+        };
+        // Positions the assistant sees, as in Transformers without its stale-KV defect: every accepted global
+        // position; of the sliding ones, the last `min(W_assistant + 1, W_target − 1 + kept)`, `kept` being the
+        // rows of the last target forward that were accepted into the cache.
+        let mut n_sliding = p;
+        if let Some(w) = self.window {
+            n_sliding = n_sliding.min(w + 1);
+        }
+        if let Some(w) = self.target_window {
+            n_sliding = n_sliding.min(w - 1 + kept);
+        }
+        let full = SharedKv { cache: full, visible: (0, p) };
+        let sliding = SharedKv { cache: sliding, visible: (p - n_sliding, p) };
+
+        let do_sample = self.processor.do_sample();
+        let mut h = hidden.narrow(0, p - 1 - hidden_start, 1)?; // [1, hb]
+        let mut token = context[p];
+        let mut ctx = context.to_vec();
+        let mut tokens = Vec::with_capacity(max);
+        let mut qs = Vec::new();
+        for _ in 0..max {
+            let e = target.embed_tokens(&[token])?; // [1, hb]
+            let input = Tensor::cat(&[&e, &h], 1)?.unsqueeze(0)?; // [1, 1, 2·hb]
+            let (mut logits, next_h) = self.model.step(&input, p, &full, &sliding)?;
+            token = if do_sample {
+                if !self.processor.is_noop(ctx.len()) {
+                    self.processor.process(&ctx, &mut logits);
+                }
+                let q = softmax(&logits);
+                let t = self.sampler.sample(&q);
+                qs.push(q);
+                t
+            } else {
+                argmax(&logits)
+            };
+            tokens.push(token);
+            ctx.push(token);
+            h = next_h;
+        }
+        Ok(Draft { tokens, q: do_sample.then_some(qs) })
+    }
+
+    fn observe(&mut self, _context: &[u32], _proposed: usize, _accepted: usize) -> Result<()> {
+        // Nothing to roll back: every step reads the target's state afresh.
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Multi-token prediction (Transformers' `MTPCandidateGenerator` and `MtpModel`): the checkpoint's own MTP
+//! layers draft one token each per round, from the target's last hidden states of the positions it just
+//! accepted and the embeddings of the tokens one step ahead. The first round drafts nothing (the target's
+//! prefill supplies the first hidden states).
+//!
+//! Layer `k` of a round sees the token ids shifted `k + 1` ahead of the target and rotates at their positions
+//! plus `k`. With one layer its cache only ever holds accepted tokens. With more, the deeper layers' last
+//! entries were computed from drafted tokens: when fewer than `layers − 1` drafts were accepted, every layer
+//! drops its last `layers` entries and recomputes them from the kept target hidden states, as Transformers does.
+
+use candle_core::Tensor;
+
+use super::{Draft, Drafter};
+use crate::error::{Error, Result};
+use crate::generation::config::GenerationConfig;
+use crate::generation::logits::LogitsProcessor;
+use crate::generation::sampler::{argmax, softmax, Sampler};
+use crate::model::mtp::MtpHead;
+use crate::model::CausalLm;
+
+pub struct MtpDrafter<'m> {
+    head: &'m mut dyn MtpHead,
+    /// The target's processors: the drafts' `q` is the processed distribution they were drawn from.
+    processor: LogitsProcessor,
+    sampler: Sampler,
+    /// The target's final hidden states of the positions it accepted last round, `[m, hidden]`.
+    pending: Option<Tensor>,
+    /// Every accepted target hidden state so far, `[positions, hidden]` (kept only with several layers).
+    history: Option<Tensor>,
+    first_round: bool,
+    last_accepted: usize,
+}
+
+impl<'m> MtpDrafter<'m> {
+    /// `cfg` is the call's resolved configuration; `prompt_len` is for the minimum-length processor.
+    pub fn new(head: &'m mut dyn MtpHead, cfg: &GenerationConfig, prompt_len: usize) -> Result<Self> {
+        for k in 0..head.num_layers() {
+            head.truncate(k, 0);
+        }
+        Ok(Self {
+            head,
+            processor: LogitsProcessor::new(cfg, prompt_len)?,
+            // A stream of its own, so that drafting does not shift the verifier's random numbers.
+            sampler: Sampler::new(cfg.seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15))),
+            pending: None,
+            history: None,
+            first_round: true,
+            last_accepted: 0,
+        })
+    }
+}
+
+impl Drafter for MtpDrafter<'_> {
+    fn method(&self) -> &'static str {
+        "mtp"
+    }
+
+    fn wants_target_hidden(&self) -> bool {
+        true
+    }
+
+    fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {
+        self.pending = Some(hidden.narrow(0, 0, accepted_rows.min(hidden.dim(0)?))?);
+        Ok(())
+    }
+
+    fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], _max: usize) -> Result<Draft> {
+        // Like Transformers, draft a full block even past the length budget: the loop trims it.
+        let Some(fresh) = self.pending.take() else { return Ok(Draft::default()) };
+        let layers = self.head.num_layers();
+        let m = fresh.dim(0)?;
+        let len = context.len();
+        if m == 0 || m > len {
+            return Err(Error::InvalidOption(format!("MTP drafter got {m} hidden rows for {len} tokens")));
+        }
+        if layers > 1 {
+            self.history = Some(match self.history.take() {
+                Some(h) => Tensor::cat(&[h, fresh.clone()], 0)?,
+                None => fresh.clone(),
+            });
+        }
+        let (mut ids, mut hidden, first) = match &self.history {
+            Some(history) if !self.first_round && self.last_accepted + 1 < layers => {
+                let before = self.head.cache_len(0);
+                let cut = layers.min(before);
+                for k in 0..layers {
+                    let l = self.head.cache_len(k);
+                    self.head.truncate(k, l.saturating_sub(layers));
+                }
+                let s = m + cut;
+                let rows = history.dim(0)?;
+                (context[len - s..].to_vec(), history.narrow(0, rows - s, s)?, len - s)
+            }
+            _ => (context[len - m..].to_vec(), fresh, len - m),
+        };
+        self.first_round = false;
+        let do_sample = self.processor.do_sample();
+        let mut ctx = context.to_vec();
+        let mut tokens = Vec::with_capacity(layers);
+        let mut qs = Vec::new();
+        for k in 0..layers {
+            hidden = self.head.forward_layer(k, &ids, &hidden, first + k)?;
+            let last = hidden.dim(0)? - 1;
+            let mut logits = self.head.logits(&hidden.get(last)?)?;
+            if !self.processor.is_noop(ctx.len()) {
+                self.processor.process(&ctx, &mut logits);
+            }
+            let q = softmax(&logits);
+            let token = if do_sample { self.sampler.sample(&q) } else { argmax(&logits) };
+            tokens.push(token);
+            if do_sample {
+                qs.push(q);
+            }
+            ctx.push(token);
+            ids.remove(0);
+            ids.push(token);
+        }
+        Ok(Draft { tokens, q: do_sample.then_some(qs) })
+    }
+
+    fn observe(&mut self, _context: &[u32], _proposed: usize, accepted: usize) -> Result<()> {
+        self.last_accepted = accepted;
+        Ok(())
+    }
+}

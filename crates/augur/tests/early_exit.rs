@@ -1,0 +1,354 @@
+//! Early-exit self-speculation and static ensemble verification:
+//! - per-round goldens against Transformers 5.24 (`tools/fixtures/generate_early_exit.py`): outputs, (γ, n) per
+//!   round and the drafts themselves, for several exit layers, schedules and greedy ensemble weights;
+//! - the lossless property (greedy early exit equals plain greedy) for every exit layer on three architectures;
+//! - the shared cache: reusing the early layers' drafted positions gives bit-identical logits, and cutting them
+//!   back forgets them;
+//! - sampling: with a weight w the first two tokens follow `ν₀(x₁)·p₁(x₂|x₁)`, `ν = w·p + (1−w)·q` (the second
+//!   token is the target's own), without one they follow the target (chi-square goodness of fit at α = 0.001),
+//!   and the ensemble output is shown not to follow the target.
+
+mod common;
+
+use std::collections::HashMap;
+
+use augur::generation::config::{GenerationConfig, GenerationOptions};
+use augur::generation::drafters::{Drafter, EarlyExit};
+use augur::generation::logits::LogitsProcessor;
+use augur::generation::sampler::softmax;
+use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use common::*;
+use serde_json::Value;
+
+fn knobs(eff: &Value, base: GenerationOptions) -> GenerationOptions {
+    GenerationOptions {
+        num_assistant_tokens: eff["num_assistant_tokens"].as_u64().map(|v| v as usize),
+        num_assistant_tokens_schedule: eff["num_assistant_tokens_schedule"].as_str().map(String::from),
+        assistant_confidence_threshold: eff["assistant_confidence_threshold"].as_f64().map(|v| v as f32),
+        ..base
+    }
+}
+
+fn options_for(g: &Value, c: &Value) -> GenerationOptions {
+    let mut opts = knobs(&c["effective"], greedy(g["max_new_tokens"].as_u64().unwrap() as usize));
+    opts.assistant_early_exit = c["assistant_early_exit"].as_u64().map(|v| v as usize);
+    opts.assistant_ensemble_weight = c["assistant_ensemble_weight"].as_f64().map(|v| v as f32);
+    // Recorded without scikit-learn: Transformers keeps the assistant's threshold fixed.
+    assert_eq!(g["versions"]["sklearn_installed"], false);
+    opts.assistant_confidence_adaptive = Some(false);
+    // Transformers' round structure (the ensemble's output depends on it too).
+    opts.cost_aware_drafting = Some(false);
+    opts
+}
+
+#[test]
+fn rounds_match_transformers() {
+    let g = golden("early_exit.json");
+    let mut checked = 0;
+    let mut ensemble = 0;
+    for c in g["configs"].as_array().unwrap() {
+        let method = c["method"].as_str().unwrap();
+        let opts = options_for(&g, c);
+        let mut pipe = match method {
+            "early_exit" => pipeline("tiny-llama", None),
+            "assistant_model" => pipeline("tiny-llama", Some("tiny-llama-assistant")),
+            other => panic!("unknown method {other}"),
+        };
+        for run in c["runs"].as_array().unwrap() {
+            let input = ids(&run["input_ids"]);
+            let out = pipe.generate_ids(&input, &opts, None).unwrap();
+            let (exit, w) = (&c["assistant_early_exit"], &c["assistant_ensemble_weight"]);
+            let what = format!("{method} L={exit} w={w} {}", c["effective"]);
+            assert_eq!(out.stats.method, method);
+            assert_eq!(out.tokens, ids(&run["output"]), "{what}: output on {:?}", run["text"]);
+            let theirs: Vec<(usize, usize)> = run["rounds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["gamma"].as_u64().unwrap() as usize, r["n"].as_u64().unwrap() as usize))
+                .collect();
+            assert_eq!(out.stats.rounds, theirs, "{what}: (γ, n) per round on {:?}", run["text"]);
+            checked += 1;
+            ensemble += usize::from(opts.assistant_ensemble_weight.is_some());
+        }
+    }
+    assert!(checked >= 40 && ensemble >= 12, "only {checked} runs ({ensemble} with an ensemble weight) checked");
+}
+
+/// Each recorded draft, re-drafted from a cold cache by the early-exit drafter alone.
+#[test]
+fn drafts_match_transformers() {
+    let g = golden("early_exit.json");
+    let mut lm = load(&fixtures().join("tiny-llama"), false);
+    let layers = lm.config().num_hidden_layers;
+    let mut checked = 0;
+    for c in g["configs"].as_array().unwrap() {
+        let Some(exit) = c["assistant_early_exit"].as_u64().map(|v| v as usize) else { continue };
+        let cfg = GenerationConfig::from_options(&options_for(&g, c));
+        for run in c["runs"].as_array().unwrap() {
+            let input = ids(&run["input_ids"]);
+            let output = ids(&run["output"]);
+            for r in run["rounds"].as_array().unwrap() {
+                let len = r["cur_len"].as_u64().unwrap() as usize;
+                let mut context = input.clone();
+                context.extend_from_slice(&output[..len - input.len()]);
+                let want = ids(&r["draft"]);
+                lm.model.truncate(0);
+                let mut d = EarlyExit::new(exit, layers, &cfg, input.len()).unwrap();
+                let draft = d.propose(lm.model.as_mut(), &context, want.len()).unwrap();
+                assert_eq!(draft.tokens, want, "L={exit} draft at length {len} on {:?}", run["text"]);
+                assert_eq!(lm.model.cache_len(), 0, "drafting must not advance the verified cache");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 100, "only {checked} drafts checked");
+}
+
+/// Prompts with repetition of several lengths, from a fixed seed.
+fn prompts(vocab: u32) -> Vec<Vec<u32>> {
+    let mut state = 0x9E3779B97F4A7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab as u64) as u32
+    };
+    (0..4)
+        .map(|i| {
+            let base: Vec<u32> = (0..2 + 2 * i).map(|_| next()).collect();
+            let mut p = base.clone();
+            p.push(next());
+            p.extend_from_slice(&base);
+            p
+        })
+        .collect()
+}
+
+#[test]
+fn early_exit_is_lossless() {
+    for target in ["tiny-llama", "tiny-qwen2", "tiny-gemma3"] {
+        let mut pipe = pipeline(target, None);
+        let layers = pipe.target.config().num_hidden_layers;
+        for (i, input) in prompts(300).iter().enumerate() {
+            let base = greedy(26 + 3 * i);
+            let want = pipe.generate_ids(input, &base, None).unwrap().tokens;
+            for exit in 1..layers {
+                let settings = [(1, "constant", 0.0), (3, "constant", 0.0), (4, "heuristic", 0.0), (20, "constant", 0.4)];
+                for (k, schedule, threshold) in settings {
+                    let opts = GenerationOptions {
+                        assistant_early_exit: Some(exit),
+                        num_assistant_tokens: Some(k),
+                        num_assistant_tokens_schedule: Some(schedule.into()),
+                        assistant_confidence_threshold: Some(threshold),
+                        ..base.clone()
+                    };
+                    let out = pipe.generate_ids(input, &opts, None).unwrap();
+                    assert_eq!(out.tokens, want, "{target} prompt {i} L={exit} k={k} {schedule} threshold {threshold}");
+                    assert_eq!(out.stats.method, "early_exit");
+                    assert!(out.stats.drafted > 0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn early_exit_takes_precedence_and_checks_the_layer() {
+    let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let input = &prompts(300)[1];
+    let opts = GenerationOptions { assistant_early_exit: Some(2), prompt_lookup_num_tokens: Some(3), ..greedy(8) };
+    assert_eq!(pipe.generate_ids(input, &opts, None).unwrap().stats.method, "early_exit");
+    for bad in [0, 4, 9] {
+        let opts = GenerationOptions { assistant_early_exit: Some(bad), ..greedy(8) };
+        let e = pipe.generate_ids(input, &opts, None).unwrap_err().to_string();
+        assert!(e.contains("`assistant_early_exit` must be between 1 and 3") && e.contains(&bad.to_string()), "{e}");
+    }
+    let opts =
+        GenerationOptions { prompt_lookup_num_tokens: Some(3), assistant_ensemble_weight: Some(0.5), ..greedy(8) };
+    let e = pipe.generate_ids(input, &opts, None).unwrap_err().to_string();
+    assert!(e.contains("requires candidate logits"), "{e}");
+}
+
+fn logits_of(model: &mut dyn CausalLm, tokens: &[u32], exit: Option<usize>) -> Vec<Vec<f32>> {
+    let opts = ForwardOptions { exit_layer: exit, ..ForwardOptions::logits(LogitRows::All) };
+    model.forward(tokens, &opts).unwrap().logits.unwrap().to_vec2::<f32>().unwrap()
+}
+
+/// Within a float rounding of each other: the dense kernels give the same bits for blocks of one and two rows but
+/// not for larger blocks, so a position drafted alone and then reused can differ in the last bits from the same
+/// position recomputed inside a verification block.
+fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    for (x, y) in a.iter().zip(b) {
+        let diff = x.iter().zip(y).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-4, "{what}: logits differ by {diff}");
+        assert_eq!(augur::generation::sampler::argmax(x), augur::generation::sampler::argmax(y), "{what}");
+    }
+}
+
+/// Positions drafted through the first layers are reused by the next full forward where its tokens match, giving
+/// the logits of never having drafted (bit for bit where the blocks have the same shapes); unmatched or cut-back
+/// positions are forgotten.
+#[test]
+fn drafted_positions_are_reused_exactly_and_cut_back() {
+    for target in ["tiny-llama", "tiny-gemma3"] {
+        let mut a = load(&fixtures().join(target), false);
+        let mut b = load(&fixtures().join(target), false);
+        let prompt: Vec<u32> = (0..11).map(|i| (i * 37 + 5) % 400).collect();
+        let plain = logits_of(b.model.as_mut(), &prompt, None);
+        // Draft the whole prompt and three more tokens through two layers, one block then one at a time.
+        let early = logits_of(a.model.as_mut(), &prompt, Some(2));
+        assert_eq!(a.model.cache_len(), 0);
+        assert_ne!(early, plain, "{target}: two layers must not give the full model's logits");
+        for t in [7, 8, 9] {
+            logits_of(a.model.as_mut(), &[t], Some(2));
+        }
+        // The full forward of the prompt reuses every early position of the prompt.
+        assert_eq!(logits_of(a.model.as_mut(), &prompt, None), plain, "{target}: prompt");
+        assert_eq!(a.model.cache_len(), prompt.len());
+        // Drafts 7, 8, 9 were dropped by that forward (they were not fed): feeding 7, 8 now is computed afresh.
+        let want = logits_of(b.model.as_mut(), &[7, 8, 3], None);
+        for t in [7, 8, 9] {
+            logits_of(a.model.as_mut(), &[t], Some(3));
+        }
+        // Two of the three drafts match; the third position is recomputed.
+        assert_close(&logits_of(a.model.as_mut(), &[7, 8, 3], None), &want, &format!("{target}: partial match"));
+        // Drafting after a cut inside the drafted positions continues from the cut.
+        let n = a.model.cache_len();
+        for t in [4, 5, 6] {
+            logits_of(a.model.as_mut(), &[t], Some(1));
+        }
+        a.model.truncate(n + 1);
+        logits_of(a.model.as_mut(), &[9], Some(1));
+        let want = logits_of(b.model.as_mut(), &[4, 9, 2], None);
+        let got = logits_of(a.model.as_mut(), &[4, 9, 2], None);
+        assert_close(&got, &want, &format!("{target}: cut back, then drafted"));
+        // Cutting the verified cache forgets the drafted positions above it too.
+        a.model.truncate(5);
+        b.model.truncate(5);
+        assert_eq!(logits_of(a.model.as_mut(), &[1, 2], None), logits_of(b.model.as_mut(), &[1, 2], None));
+        let opts = ForwardOptions { exit_layer: Some(4), ..ForwardOptions::logits(LogitRows::All) };
+        let e = a.model.forward(&[1], &opts);
+        assert!(e.is_err(), "exit layer 4 of 4 must be refused");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// sampling
+
+const DRAWS: usize = 3000;
+const PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
+
+fn sampling(seed: u64) -> GenerationOptions {
+    GenerationOptions {
+        do_sample: Some(true),
+        top_k: Some(6),
+        temperature: Some(1.5),
+        seed: Some(seed),
+        num_assistant_tokens: Some(3),
+        assistant_confidence_threshold: Some(0.0),
+        ..greedy(2)
+    }
+}
+
+/// The processed distribution of the next token after `ctx` (the first `exit` layers only, when given).
+fn next_dist(model: &mut dyn CausalLm, cfg: &GenerationConfig, ctx: &[u32], exit: Option<usize>) -> Vec<f32> {
+    model.truncate(0);
+    let mut row = logits_of(model, ctx, exit).pop().unwrap();
+    LogitsProcessor::new(cfg, PROMPT.len()).unwrap().process(ctx, &mut row);
+    softmax(&row)
+}
+
+/// `P(x₁, x₂) = first(x₁)·p₁(x₂ | x₁)` over every pair with non-zero probability.
+fn expected(model: &mut dyn CausalLm, cfg: &GenerationConfig, first: &[f32]) -> HashMap<Vec<u32>, f64> {
+    let mut e = HashMap::new();
+    for (x1, &f) in first.iter().enumerate().filter(|(_, &f)| f > 0.0) {
+        let mut ctx = PROMPT.to_vec();
+        ctx.push(x1 as u32);
+        for (x2, &p) in next_dist(model, cfg, &ctx, None).iter().enumerate().filter(|(_, &p)| p > 0.0) {
+            e.insert(vec![x1 as u32, x2 as u32], f as f64 * p as f64);
+        }
+    }
+    e
+}
+
+/// Chi-square goodness of fit of `observed` (DRAWS samples) to `expected` probabilities, cells with fewer than
+/// 5 expected draws pooled (an outcome of probability 0 lands there), and its critical value at α = 0.001.
+fn chi_square(observed: &HashMap<Vec<u32>, usize>, expected: &HashMap<Vec<u32>, f64>) -> (f64, f64) {
+    let n = DRAWS as f64;
+    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
+    for (k, &p) in expected {
+        let o = *observed.get(k).unwrap_or(&0) as f64;
+        if n * p < 5.0 {
+            pooled = (pooled.0 + o, pooled.1 + n * p);
+        } else {
+            stat += (o - n * p).powi(2) / (n * p);
+            df += 1;
+        }
+    }
+    pooled.0 += observed.iter().filter(|(k, _)| !expected.contains_key(*k)).map(|(_, &c)| c as f64).sum::<f64>();
+    if pooled.0 > 0.0 || pooled.1 > 0.0 {
+        stat += (pooled.0 - pooled.1).powi(2) / pooled.1.max(1e-9);
+        df += 1;
+    }
+    let k = (df - 1) as f64;
+    let z = 3.090; // one-sided 0.001 quantile of the standard normal
+    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    (stat, critical)
+}
+
+fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
+    let mut h = HashMap::new();
+    for seed in 0..DRAWS as u64 {
+        *h.entry(draw(seed)).or_default() += 1;
+    }
+    h
+}
+
+fn mixture(p: &[f32], q: &[f32], w: f32) -> Vec<f32> {
+    p.iter().zip(q).map(|(p, q)| w * p + (1.0 - w) * q).collect()
+}
+
+#[test]
+fn sampling_follows_the_target_or_the_specified_mixture() {
+    let exit = 1;
+    let w = 0.5;
+    let cfg = GenerationConfig::from_options(&sampling(0));
+    let mut lm = load(&fixtures().join("tiny-llama"), false);
+    let p0 = next_dist(lm.model.as_mut(), &cfg, &PROMPT, None);
+    let q0 = next_dist(lm.model.as_mut(), &cfg, &PROMPT, Some(exit));
+    let target = expected(lm.model.as_mut(), &cfg, &p0);
+    let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &q0, w));
+
+    let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let lossless = histogram(|s| {
+        let o = GenerationOptions { assistant_early_exit: Some(exit), ..sampling(s) };
+        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+    });
+    let (stat, critical) = chi_square(&lossless, &target);
+    assert!(stat < critical, "early exit without a weight: chi-square {stat:.1} ≥ {critical:.1} against the target");
+
+    let mixed = histogram(|s| {
+        let o =
+            GenerationOptions { assistant_early_exit: Some(exit), assistant_ensemble_weight: Some(w), ..sampling(s) };
+        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+    });
+    let (stat, critical) = chi_square(&mixed, &ensemble);
+    assert!(stat < critical, "early exit, w = {w}: chi-square {stat:.1} ≥ {critical:.1} against the mixture");
+    let (stat, critical) = chi_square(&mixed, &target);
+    assert!(stat > critical, "w = {w} cannot be told from the target: chi-square {stat:.1} < {critical:.1}");
+
+    // The assistant model's q: its own processed distribution at the prompt.
+    let w = 0.3;
+    let mut a = load(&fixtures().join("tiny-llama-assistant"), false);
+    let qa = next_dist(a.model.as_mut(), &cfg, &PROMPT, None);
+    let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &qa, w));
+    let mixed = histogram(|s| {
+        let o = GenerationOptions { assistant_ensemble_weight: Some(w), ..sampling(s) };
+        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+    });
+    let (stat, critical) = chi_square(&mixed, &ensemble);
+    assert!(stat < critical, "assistant model, w = {w}: chi-square {stat:.1} ≥ {critical:.1} against the mixture");
+}
+
