@@ -9,6 +9,7 @@ use augur::pipeline::{LoadedLm, Pipeline, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::{Args, Parser, Subcommand};
 
+mod serve;
 mod bench;
 
 #[derive(Parser)]
@@ -27,6 +28,8 @@ enum Command {
         /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
         model: Option<String>,
     },
+    /// Serve the model over an OpenAI-compatible HTTP API (completions, chat completions, models, metrics).
+    Serve(serve::ServeArgs),
     /// Measure speed: prefill, decode and k-token forward cost; or, with --prompts, plain decoding against
     /// speculative methods over Spec-Bench prompts.
     Bench(bench::BenchArgs),
@@ -252,6 +255,7 @@ fn main() {
     let result = match cli.command {
         Command::Generate(args) => generate(args),
         Command::Info { model } => info(model),
+        Command::Serve(args) => serve::serve(args),
         Command::Bench(args) => bench::run(args),
     };
     if let Err(e) = result {

@@ -57,6 +57,10 @@ pub enum Error {
     #[error("could not fetch the default model: {0}")]
     Fetch(String),
 
+    /// A generation that ended abnormally outside the model (a worker thread that died).
+    #[error("generation failed: {0}")]
+    Generation(String),
+
     #[error("tensor computation: {0}")]
     Candle(#[from] candle_core::Error),
 }

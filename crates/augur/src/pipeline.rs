@@ -2,6 +2,10 @@
 //! options, get text, streamed or whole. The CLI and the server are thin shells over this.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use candle_core::Device;
@@ -9,7 +13,7 @@ use candle_core::Device;
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
 use crate::generation::drafters::{
-    AssistantModel, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted,
+    AssistantModel, Backoff, BackoffPolicy, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted,
     UniversalSampling,
 };
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
@@ -31,7 +35,8 @@ pub enum Prompt {
 pub struct LoadedLm {
     pub path: PathBuf,
     pub model: Box<dyn CausalLm>,
-    pub tokenizer: Tokenizer,
+    /// Shared by the forks of this model.
+    pub tokenizer: Arc<Tokenizer>,
     /// The model's `generation_config.json` (or, for GGUF, its EOS id), under the call's options.
     pub defaults: GenerationOptions,
     pub weights: WeightsInfo,
@@ -55,19 +60,19 @@ impl LoadedLm {
         path: &Path,
         device: &Device,
         opts: &model::LoadOptions,
-        shared: Option<&Tokenizer>,
+        shared: Option<&Arc<Tokenizer>>,
     ) -> Result<Self> {
         let loaded = model::load_with(path, device, opts)?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match &loaded.gguf {
-            Some(content) => (Tokenizer::from_gguf(content, path)?, GenerationOptions::default()),
+            Some(content) => (Arc::new(Tokenizer::from_gguf(content, path)?), GenerationOptions::default()),
             None => {
                 let gc = path.join("generation_config.json");
                 let defaults =
                     if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
                 let tokenizer = match shared {
                     Some(t) if !path.join("tokenizer.json").exists() => t.clone(),
-                    _ => Tokenizer::from_hf_dir(path)?,
+                    _ => Arc::new(Tokenizer::from_hf_dir(path)?),
                 };
                 (tokenizer, defaults)
             }
@@ -100,8 +105,52 @@ impl LoadedLm {
         })
     }
 
+    /// Another sequence over the same weights and tokenizer, with an empty cache. A model whose MTP layers are
+    /// loaded is not forked: those layers keep one sequence's caches.
+    pub fn fork(&self) -> Result<Self> {
+        if self.mtp.is_some() {
+            return Err(Error::InvalidOption(format!(
+                "{}: a model with loaded MTP layers cannot be forked into concurrent sequences",
+                self.path.display()
+            )));
+        }
+        Ok(Self {
+            path: self.path.clone(),
+            model: self.model.fork()?,
+            tokenizer: Arc::clone(&self.tokenizer),
+            defaults: self.defaults.clone(),
+            weights: self.weights.clone(),
+            mtp: None,
+        })
+    }
+
     pub fn config(&self) -> &ModelConfig {
         self.model.config()
+    }
+}
+
+/// A call's options: generation options plus what Transformers' text-generation pipeline takes besides them.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    pub generation: GenerationOptions,
+    /// Return the prompt text followed by the new text (text prompts only; a chat returns its new assistant
+    /// message, the conversation being the messages plus that turn). `None`: Transformers' default, true.
+    pub return_full_text: Option<bool>,
+    /// Add the tokenizer's special tokens (BOS, say) to a text prompt. `None`: the tokenizer's default, true.
+    /// Ignored for chats, whose template writes them (as in Transformers).
+    pub add_special_tokens: Option<bool>,
+    /// Generation ends, with finish reason `cancelled`, at the next accepted token once this is set.
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// Speculation pauses for this sequence under load or when drafts stop being accepted (the output is the
+    /// same either way). `None`: it never pauses.
+    pub backoff: Option<BackoffPolicy>,
+    /// Decode plainly, whatever speculation the options or a loaded assistant would choose.
+    pub plain: bool,
+}
+
+impl CallOptions {
+    pub fn new(generation: GenerationOptions) -> Self {
+        Self { generation, ..Default::default() }
     }
 }
 
@@ -120,8 +169,16 @@ impl Pipeline {
         Ok(Self { target: LoadedLm::load(&path, &Device::Cpu)?, assistant: None, defaults: GenerationOptions::default() })
     }
 
-    /// Adds an assistant model that drafts for the target. With the target's tokenizer it drafts target tokens
-    /// directly; with another tokenizer, universal assisted decoding translates between the two.
+    /// Another pipeline over the same weights, with empty caches: one per concurrent sequence.
+    pub fn fork(&self) -> Result<Self> {
+        Ok(Self {
+            target: self.target.fork()?,
+            assistant: self.assistant.as_ref().map(LoadedLm::fork).transpose()?,
+            defaults: self.defaults.clone(),
+        })
+    }
+
+    /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
     pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
         let shared = Some(&self.target.tokenizer);
@@ -135,7 +192,7 @@ impl Pipeline {
         let Some(a) = self.assistant.as_mut() else {
             return Err(Error::InvalidOption("an assistant tokenizer needs an assistant model".into()));
         };
-        a.tokenizer = load_tokenizer(path)?;
+        a.tokenizer = Arc::new(load_tokenizer(path)?);
         Ok(self)
     }
 
@@ -157,15 +214,55 @@ impl Pipeline {
         GenerationConfig::from_options(&o)
     }
 
-    /// Generates from `prompt`; text goes to `sink` as it is accepted.
+    /// Generates from `prompt`; the new text goes to `sink` as it is accepted and is returned in `text`.
     pub fn generate(
         &mut self,
         prompt: &Prompt,
         options: &GenerationOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
-        let ids = self.encode(prompt, true)?;
-        self.generate_ids(&ids, options, sink)
+        let call = CallOptions { return_full_text: Some(false), ..CallOptions::new(options.clone()) };
+        self.call(prompt, &call, sink)
+    }
+
+    /// Transformers' `pipeline("text-generation")(prompt, **options)`: with `return_full_text` (the default) a
+    /// text prompt is returned, and streamed to `sink`, ahead of the new text.
+    pub fn call(
+        &mut self,
+        prompt: &Prompt,
+        options: &CallOptions,
+        mut sink: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<GenerationOutput> {
+        let ids = self.encode(prompt, options.add_special_tokens.unwrap_or(true))?;
+        let prefix = match prompt {
+            Prompt::Text(t) if options.return_full_text.unwrap_or(true) => t.as_str(),
+            _ => "",
+        };
+        if let Some(s) = sink.as_mut().filter(|_| !prefix.is_empty()) {
+            s(prefix);
+        }
+        let mut out = self.run(&ids, options, sink)?;
+        out.text.insert_str(0, prefix);
+        Ok(out)
+    }
+
+    /// Runs [`Pipeline::call`] on a fork of this pipeline in a thread of its own and returns its text chunks as
+    /// an iterator; dropping the iterator cancels the generation.
+    pub fn stream(&self, prompt: Prompt, options: CallOptions) -> Result<TextChunks> {
+        let mut pipe = self.fork()?;
+        let cancel = options.cancel.clone().unwrap_or_default();
+        let options = CallOptions { cancel: Some(Arc::clone(&cancel)), ..options };
+        let (tx, rx) = mpsc::channel();
+        let flag = Arc::clone(&cancel);
+        let handle = std::thread::spawn(move || {
+            let mut send = |chunk: &str| {
+                if tx.send(chunk.to_string()).is_err() {
+                    flag.store(true, Ordering::Relaxed);
+                }
+            };
+            pipe.call(&prompt, &options, Some(&mut send))
+        });
+        Ok(TextChunks { chunks: rx, handle: Some(handle), cancel })
     }
 
     /// Generates from prompt token ids.
@@ -175,6 +272,11 @@ impl Pipeline {
         options: &GenerationOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
+        self.run(ids, &CallOptions::new(options.clone()), sink)
+    }
+
+    fn run(&mut self, ids: &[u32], call: &CallOptions, sink: Option<&mut dyn FnMut(&str)>) -> Result<GenerationOutput> {
+        let options = &call.generation;
         let cfg = self.resolve_config(options);
         cfg.validate()?;
         if ids.is_empty() {
@@ -190,10 +292,13 @@ impl Pipeline {
         let target = &mut self.target;
         target.model.truncate(0);
         let mut emitter =
-            Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink);
+            Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
+                .with_cancel(call.cancel.clone());
         let vocab = target.config().vocab_size;
         // Transformers' precedence (spec 1.3): early exit, prompt lookup, MTP, then the assistant model.
-        let mut drafter: Option<Box<dyn Drafter + '_>> = if let Some(l) = cfg.assistant_early_exit {
+        let mut drafter: Option<Box<dyn Drafter + '_>> = if call.plain {
+            None
+        } else if let Some(l) = cfg.assistant_early_exit {
             Some(Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, ids.len())?))
         } else if let Some(n) = cfg.prompt_lookup_num_tokens {
             if cfg.assistant_ensemble_weight.is_some() {
@@ -270,6 +375,9 @@ impl Pipeline {
         } else {
             None
         };
+        if let Some(policy) = &call.backoff {
+            drafter = drafter.map(|d| Box::new(Backoff::new(d, policy.clone())) as Box<dyn Drafter + '_>);
+        }
         match drafter.as_deref_mut() {
             Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats)?,
             None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats)?,
@@ -277,6 +385,46 @@ impl Pipeline {
         stats.seconds = start.elapsed().as_secs_f64();
         stats.finish();
         Ok(emitter.into_output(stats))
+    }
+}
+
+/// The text of a streamed generation, chunk by chunk, as it is accepted (see [`Pipeline::stream`]).
+pub struct TextChunks {
+    chunks: mpsc::Receiver<String>,
+    handle: Option<JoinHandle<Result<GenerationOutput>>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Iterator for TextChunks {
+    type Item = String;
+
+    fn next(&mut self) -> Option<String> {
+        self.chunks.recv().ok()
+    }
+}
+
+impl TextChunks {
+    /// Stops the generation at its next accepted token.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits for the end and returns the whole output (its text is every chunk, in order), or the error that
+    /// ended the generation early.
+    pub fn finish(mut self) -> Result<GenerationOutput> {
+        while self.chunks.recv().is_ok() {}
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            _ => Err(Error::Generation("the generation thread panicked".into())),
+        }
+    }
+}
+
+impl Drop for TextChunks {
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            self.cancel();
+        }
     }
 }
 

@@ -2,6 +2,9 @@
 //! and stop strings cut a speculative block at the exact token where plain decoding would have stopped; it
 //! streams text as it lands and keeps the statistics.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use super::stopping::FinishReason;
@@ -70,6 +73,7 @@ pub struct Emitter<'t, 's> {
     text: String,
     sink: Option<&'s mut dyn FnMut(&str)>,
     finish: Option<FinishReason>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl<'t, 's> Emitter<'t, 's> {
@@ -91,7 +95,14 @@ impl<'t, 's> Emitter<'t, 's> {
             text: String::new(),
             sink,
             finish: (max_new_tokens == 0).then_some(FinishReason::Length),
+            cancel: None,
         }
+    }
+
+    /// Ends the sequence (as [`FinishReason::Cancelled`]) after the next accepted token once `flag` is set.
+    pub fn with_cancel(mut self, flag: Option<Arc<AtomicBool>>) -> Self {
+        self.cancel = flag;
+        self
     }
 
     /// Prompt and accepted tokens.
@@ -156,6 +167,9 @@ impl<'t, 's> Emitter<'t, 's> {
             }
             if self.finish.is_none() && self.generated().len() >= self.max_new_tokens {
                 self.finish = Some(FinishReason::Length);
+            }
+            if self.finish.is_none() && self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+                self.finish = Some(FinishReason::Cancelled);
             }
         }
         if self.finish.is_some() {

@@ -11,7 +11,7 @@ use serde::{Serialize, Serializer};
 use super::config::GenerationConfig;
 use crate::error::Result;
 
-/// Why generation ended. Serialises as `"eos"`, `"length"` or `"stop"`.
+/// Why generation ended. Serialises as `"eos"`, `"length"`, `"stop"` or `"cancelled"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
     /// An end-of-sequence token was generated (and kept).
@@ -20,6 +20,8 @@ pub enum FinishReason {
     Length,
     /// The generated text now ends with this stop string.
     StopString(String),
+    /// The caller cancelled (a stream dropped, an HTTP client gone).
+    Cancelled,
 }
 
 impl FinishReason {
@@ -28,6 +30,7 @@ impl FinishReason {
             FinishReason::Eos => "eos",
             FinishReason::Length => "length",
             FinishReason::StopString(_) => "stop",
+            FinishReason::Cancelled => "cancelled",
         }
     }
 }

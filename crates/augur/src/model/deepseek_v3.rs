@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor};
 
 use super::config::{MlaConfig, ModelConfig, RopeLayout};
 use super::kv_cache::KvCache;
-use super::layers::{attend, causal, AttendShape, Block, Decoder, Ropes, RmsNorm, Step};
+use super::layers::{attend, causal, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
 use super::moe::FeedForward;
 use super::mtp::{Mtp, MtpHead, WithMtp};
 use super::weights::{Linear, Weights};
@@ -28,8 +28,6 @@ pub struct MlaAttention {
     o_proj: Linear,
     n_heads: usize,
     mla: MlaConfig,
-    /// Expanded keys and values per head, both padded to `max(qk_head_dim, v_head_dim)`.
-    cache: KvCache,
 }
 
 /// Transformers builds the low-rank norms with their default epsilon, not `rms_norm_eps`.
@@ -56,12 +54,17 @@ impl MlaAttention {
             o_proj: w.linear(&format!("{p}.o_proj"), hs, h * mla.v_head_dim, bias)?,
             n_heads: h,
             mla: mla.clone(),
-            cache: KvCache::new(h, qk.max(mla.v_head_dim)),
         })
     }
 
-    /// `x`: `[1, t, hidden]` at cache positions `step.start..` → `[1, t, hidden]`.
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
+    /// An empty cache: expanded keys and values per head, both padded to `max(qk_head_dim, v_head_dim)`.
+    fn new_cache(&self) -> KvCache {
+        let m = &self.mla;
+        KvCache::new(self.n_heads, (m.qk_nope_head_dim + m.qk_rope_head_dim).max(m.v_head_dim))
+    }
+
+    /// `x`: `[1, t, hidden]` at cache positions `step.start..` (appended to `cache`) → `[1, t, hidden]`.
+    fn forward(&self, x: &Tensor, step: &Step, ropes: &Ropes, cache: &mut KvCache) -> Result<Tensor> {
         let (_, t, _) = x.dims3()?;
         let m = &self.mla;
         let (h, nope, rot, dv) = (self.n_heads, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
@@ -96,18 +99,18 @@ impl MlaAttention {
             let zeros = Tensor::zeros((1, t, h, width - d), DType::F32, x.device())?;
             Ok(Tensor::cat(&[x, zeros], 3)?)
         };
-        if self.cache.len() != step.start {
+        if cache.len() != step.start {
             return Err(Error::InvalidOption(format!(
                 "attention cache holds {} positions but the block starts at {}",
-                self.cache.len(),
+                cache.len(),
                 step.start
             )));
         }
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        self.cache.append(&flat(&pad(key, qk)?)?, &flat(&pad(value, dv)?)?);
+        cache.append(&flat(&pad(key, qk)?)?, &flat(&pad(value, dv)?)?);
         let q = flat(&query.transpose(1, 2)?.contiguous()?)?; // [h, t, qk]
         let shape = AttendShape { n_heads: h, n_kv_heads: h, qk_dim: qk, v_dim: dv };
-        let out = attend(&self.cache, &q, shape, t, m.softmax_scale as f32, None, causal(step.start, None));
+        let out = attend(cache, &q, shape, t, m.softmax_scale as f32, None, causal(step.start, None));
         let out = Tensor::from_vec(out, (1, t, h * dv), x.device())?;
         self.o_proj.forward(&out)
     }
@@ -135,13 +138,16 @@ impl DeepseekV3Block {
 }
 
 impl Block for DeepseekV3Block {
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
-        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, step, ropes)?)?;
+    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let a = per_sequence(&self.input_layernorm.forward(x)?, steps, caches, |x, step, cache| {
+            self.self_attn.forward(x, step, ropes, cache)
+        })?;
+        let h = (x + a)?;
         Ok((&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
 
-    fn cache(&mut self) -> &mut KvCache {
-        &mut self.self_attn.cache
+    fn new_cache(&self) -> KvCache {
+        self.self_attn.new_cache()
     }
 }
 

@@ -35,15 +35,15 @@ impl Gemma3Block {
 }
 
 impl Block for Gemma3Block {
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
-        let a = self.self_attn.forward(&self.input_layernorm.forward(x)?, step, ropes)?;
+    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let a = self.self_attn.forward(&self.input_layernorm.forward(x)?, steps, ropes, caches)?;
         let h = (x + self.post_attention_layernorm.forward(&a)?)?;
         let m = self.mlp.forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
         Ok((&h + self.post_feedforward_layernorm.forward(&m)?)?)
     }
 
-    fn cache(&mut self) -> &mut KvCache {
-        &mut self.self_attn.cache
+    fn new_cache(&self) -> KvCache {
+        self.self_attn.new_cache()
     }
 }
 

@@ -7,7 +7,7 @@ use candle_core::Tensor;
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
-use super::layers::{attend, causal, AttendShape, Block, Decoder, Ropes, RmsNorm, Step};
+use super::layers::{attend, causal, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
 use super::moe::FeedForward;
 use super::mtp::{Mtp, MtpHead, WithMtp};
 use super::weights::{Linear, Weights};
@@ -24,7 +24,6 @@ pub struct Glm4MoeAttention {
     head_dim: usize,
     rotary_dim: usize,
     scale: f64,
-    cache: KvCache,
 }
 
 impl Glm4MoeAttention {
@@ -43,7 +42,6 @@ impl Glm4MoeAttention {
             head_dim: d,
             rotary_dim: cfg.rotary_dim(),
             scale: (d as f64).powf(-0.5),
-            cache: KvCache::new(kv, d),
         })
     }
 
@@ -58,8 +56,12 @@ impl Glm4MoeAttention {
         Ok(Tensor::cat(&[rotated, x.narrow(3, r, self.head_dim - r)?], 3)?)
     }
 
-    /// `x`: `[1, t, hidden]` at cache positions `step.start..` → `[1, t, hidden]`.
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
+    fn new_cache(&self) -> KvCache {
+        KvCache::new(self.n_kv_heads, self.head_dim)
+    }
+
+    /// `x`: `[1, t, hidden]` at cache positions `step.start..` (appended to `cache`) → `[1, t, hidden]`.
+    fn forward(&self, x: &Tensor, step: &Step, ropes: &Ropes, cache: &mut KvCache) -> Result<Tensor> {
         let (_, t, _) = x.dims3()?;
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let q = self.q_proj.forward(x)?.reshape((1, t, h, d))?;
@@ -71,17 +73,17 @@ impl Glm4MoeAttention {
         };
         let q = self.rotate(&q.transpose(1, 2)?.contiguous()?, step, ropes)?; // [1, h, t, d]
         let k = self.rotate(&k.transpose(1, 2)?.contiguous()?, step, ropes)?.transpose(1, 2)?; // [1, t, kv, d]
-        if self.cache.len() != step.start {
+        if cache.len() != step.start {
             return Err(Error::InvalidOption(format!(
                 "attention cache holds {} positions but the block starts at {}",
-                self.cache.len(),
+                cache.len(),
                 step.start
             )));
         }
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        self.cache.append(&flat(&k)?, &flat(&v)?);
+        cache.append(&flat(&k)?, &flat(&v)?);
         let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
-        let out = attend(&self.cache, &flat(&q)?, shape, t, self.scale as f32, None, causal(step.start, None));
+        let out = attend(cache, &flat(&q)?, shape, t, self.scale as f32, None, causal(step.start, None));
         let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }
@@ -109,13 +111,16 @@ impl Glm4MoeBlock {
 }
 
 impl Block for Glm4MoeBlock {
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
-        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, step, ropes)?)?;
+    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let a = per_sequence(&self.input_layernorm.forward(x)?, steps, caches, |x, step, cache| {
+            self.self_attn.forward(x, step, ropes, cache)
+        })?;
+        let h = (x + a)?;
         Ok((&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
 
-    fn cache(&mut self) -> &mut KvCache {
-        &mut self.self_attn.cache
+    fn new_cache(&self) -> KvCache {
+        self.self_attn.new_cache()
     }
 }
 

@@ -1,6 +1,12 @@
 //! Building blocks shared by the architectures: norms, rotary embeddings, attention over a cuttable cache,
 //! gated MLPs, and the decoder stack that turns blocks into a [`CausalLm`].
 
+use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
 use candle_core::{DType, Device, Tensor};
 
 use super::config::{Activation, LayerKind, ModelConfig, RopeLayout, RopeScaling};
@@ -33,6 +39,7 @@ impl RmsNorm {
 }
 
 /// Rotary position embedding: inverse frequencies with the checkpoint's scaling applied.
+#[derive(Clone)]
 pub struct Rope {
     inv_freq: Vec<f32>,
     layout: RopeLayout,
@@ -139,17 +146,20 @@ impl Rope {
     }
 }
 
-/// Per-forward values shared by every layer: where the block starts and the rotary tables.
+/// One sequence's part of a forward, shared by every layer: where its block starts, how many rows it has and
+/// the rotary tables.
 pub struct Step {
     /// Cache position of the first new token.
     pub start: usize,
+    /// New tokens (rows of the block).
+    pub len: usize,
     /// `(cos, sin)` for full-attention layers and for sliding-window layers (which may use another base).
     pub rope_full: (Tensor, Tensor),
     pub rope_sliding: (Tensor, Tensor),
 }
 
 /// Multi-head attention with grouped-query heads, optional q/k norms, biases, soft-capping and a sliding
-/// window, over its own [`KvCache`].
+/// window. It holds weights only; the sequence's [`KvCache`] is passed in, so sequences share one loaded model.
 pub struct Attention {
     q_proj: Linear,
     k_proj: Linear,
@@ -163,7 +173,6 @@ pub struct Attention {
     scale: f64,
     softcap: Option<f64>,
     window: Option<usize>,
-    pub cache: KvCache,
 }
 
 impl Attention {
@@ -188,17 +197,38 @@ impl Attention {
                 LayerKind::Sliding => cfg.sliding_window,
                 LayerKind::Full => None,
             },
-            cache: KvCache::new(kv, d),
         })
     }
 
-    /// `x`: `[1, t, hidden]` at cache positions `step.start..` → `[1, t, hidden]`.
-    pub fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
-        let (_, t, _) = x.dims3()?;
+    /// An empty cache for this attention's key/value heads.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.n_kv_heads, self.head_dim)
+    }
+
+    /// `x`: `[1, rows, hidden]`, the rows of every sequence in `steps` one after the other → `[1, rows, hidden]`.
+    /// The projections run over all rows at once; each sequence attends over its own cache (`caches[i]` for
+    /// `steps[i]`), to which its keys and values are appended.
+    pub fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let q = self.q_proj.forward(x)?.reshape((1, t, h, d))?;
-        let k = self.k_proj.forward(x)?.reshape((1, t, kv, d))?;
-        let v = self.v_proj.forward(x)?.reshape((1, t, kv, d))?;
+        let (q_all, k_all, v_all) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        let mut outs = Vec::with_capacity(steps.len());
+        let mut offset = 0;
+        for (step, cache) in steps.iter().zip(caches.iter_mut()) {
+            let (t, rows) = (step.len, |a: &Tensor| a.narrow(1, offset, step.len));
+            let q = rows(&q_all)?.reshape((1, t, h, d))?;
+            let k = rows(&k_all)?.reshape((1, t, kv, d))?;
+            let v = rows(&v_all)?.reshape((1, t, kv, d))?;
+            outs.push(self.attend_sequence(q, k, v, step, ropes, cache)?);
+            offset += t;
+        }
+        let out = if outs.len() == 1 { outs.pop().expect("one sequence") } else { Tensor::cat(&outs, 1)? };
+        self.o_proj.forward(&out)
+    }
+
+    /// One sequence's attention: `q` `[1, t, h, d]`, `k`/`v` `[1, t, kv, d]` (projected, not roped) → `[1, t, h·d]`.
+    fn attend_sequence(&self, q: Tensor, k: Tensor, v: Tensor, step: &Step, ropes: &Ropes, cache: &mut KvCache) -> Result<Tensor> {
+        let (h, d, t) = (self.n_heads, self.head_dim, step.len);
+        let device = q.device().clone();
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (qn.forward(&q)?, kn.forward(&k)?),
             _ => (q, k),
@@ -210,20 +240,19 @@ impl Attention {
         };
         let q = rope.apply(&q.transpose(1, 2)?, cos, sin)?; // [1, h, t, d]
         let k = rope.apply(&k.transpose(1, 2)?, cos, sin)?.transpose(1, 2)?; // [1, t, kv, d]
-        if self.cache.len() != step.start {
+        if cache.len() != step.start {
             return Err(Error::InvalidOption(format!(
                 "attention cache holds {} positions but the block starts at {}",
-                self.cache.len(),
+                cache.len(),
                 step.start
             )));
         }
         let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        self.cache.append(&flat(&k)?, &flat(&v)?);
-        let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
+        cache.append(&flat(&k)?, &flat(&v)?);
+        let shape = AttendShape { n_heads: h, n_kv_heads: self.n_kv_heads, qk_dim: d, v_dim: d };
         let softcap = self.softcap.map(|c| c as f32);
-        let out = attend(&self.cache, &flat(&q)?, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
-        let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
-        self.o_proj.forward(&out)
+        let out = attend(cache, &flat(&q)?, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
+        Ok(Tensor::from_vec(out, (1, t, h * d), &device)?)
     }
 }
 
@@ -353,14 +382,34 @@ impl Mlp {
     }
 }
 
-/// One decoder layer of an architecture.
-pub trait Block: Send {
-    /// `x`: `[1, t, hidden]` → `[1, t, hidden]`, appending to the layer's cache.
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor>;
-    fn cache(&mut self) -> &mut KvCache;
+/// One decoder layer of an architecture: weights only, shared by every sequence of the loaded model.
+pub trait Block: Send + Sync + 'static {
+    /// `x`: `[1, rows, hidden]`, the rows of the sequences in `steps` one after the other → `[1, rows, hidden]`,
+    /// appending to each sequence's cache for this layer (`caches[i]` for `steps[i]`).
+    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor>;
+    /// An empty cache of the shape this layer's attention keeps, for a new sequence.
+    fn new_cache(&self) -> KvCache;
+}
+
+/// Runs `f` on each sequence's rows of `x` (`[1, rows, hidden]`, the sequences of `steps` one after the other)
+/// with its cache, and joins the results along the rows: attention for blocks that attend one sequence at a time.
+pub fn per_sequence(
+    x: &Tensor,
+    steps: &[Step],
+    caches: &mut [&mut KvCache],
+    mut f: impl FnMut(&Tensor, &Step, &mut KvCache) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let mut outs = Vec::with_capacity(steps.len());
+    let mut offset = 0;
+    for (step, cache) in steps.iter().zip(caches.iter_mut()) {
+        outs.push(f(&x.narrow(1, offset, step.len)?, step, cache)?);
+        offset += step.len;
+    }
+    Ok(Tensor::cat(&outs, 1)?)
 }
 
 /// The rotary tables of full-attention and sliding-window layers.
+#[derive(Clone)]
 pub struct Ropes {
     pub full: Rope,
     pub sliding: Rope,
@@ -379,20 +428,28 @@ impl Ropes {
     }
 }
 
-/// Embeddings → blocks → final norm → LM head: the shape every supported architecture shares.
+/// Embeddings → blocks → final norm → LM head: the shape every supported architecture shares. The weights
+/// are shared (tensors and the block list are reference-counted); the KV caches and the position belong to
+/// this sequence, and [`CausalLm::fork`] makes another sequence over the same weights. Forwards that forks
+/// call at the same time from different threads run as one batched forward (see [`Batcher`]).
 pub struct Decoder<B: Block> {
     pub cfg: ModelConfig,
     pub embed: Embedding,
     /// Gemma multiplies embeddings by `sqrt(hidden_size)`.
     pub embed_scale: Option<f64>,
-    pub layers: Vec<B>,
+    pub layers: Arc<Vec<B>>,
     pub norm: RmsNorm,
     pub lm_head: Linear,
     pub ropes: Ropes,
     pub device: Device,
+    /// One cache per layer.
+    caches: Vec<KvCache>,
     /// Positions cached by every layer.
     len: usize,
     early: EarlyPositions,
+    batcher: Arc<Batcher>,
+    /// This fork's id in the batcher.
+    id: u64,
 }
 
 /// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
@@ -422,18 +479,13 @@ impl<B: Block> Decoder<B> {
         };
         let norm = RmsNorm::load(w, "model.norm.weight", cfg.hidden_size, cfg.rms_norm_eps, norm_plus_one)?;
         let ropes = Ropes::new(&cfg)?;
-        Ok(Self {
-            embed,
-            embed_scale,
-            layers,
-            norm,
-            lm_head,
-            ropes,
-            device: w.device().clone(),
-            cfg,
-            len: 0,
-            early: EarlyPositions::default(),
-        })
+        let caches = empty_caches(&layers);
+        let layers = Arc::new(layers);
+        let batcher = Arc::new(Batcher::default());
+        let id = batcher.new_id();
+        let device = w.device().clone();
+        let early = EarlyPositions::default();
+        Ok(Self { embed, embed_scale, layers, norm, lm_head, ropes, device, cfg, caches, len: 0, early, batcher, id })
     }
 
     /// `[1, t, hidden]` input embeddings of `tokens`.
@@ -446,18 +498,210 @@ impl<B: Block> Decoder<B> {
         })
     }
 
-    /// Runs `layers` on `x` (`[1, t, hidden]`) at cache positions `start..start+t`.
+    /// Runs `layers` on `x` (`[1, t, hidden]`, this sequence alone) at cache positions `start..start+t`.
     fn run_layers(&mut self, mut x: Tensor, layers: std::ops::Range<usize>, start: usize) -> Result<Tensor> {
         let t = x.dim(1)?;
-        let step = Step {
+        let steps = [Step {
             start,
+            len: t,
             rope_full: self.ropes.full.cos_sin(start, t, &self.device)?,
             rope_sliding: self.ropes.sliding.cos_sin(start, t, &self.device)?,
-        };
-        for layer in &mut self.layers[layers] {
-            x = layer.forward(&x, &step, &self.ropes)?;
+        }];
+        for i in layers {
+            x = self.layers[i].forward(&x, &steps, &self.ropes, &mut [&mut self.caches[i]])?;
         }
         Ok(x)
+    }
+
+    /// Runs the blocks of several sequences (`jobs`, plain forwards over every layer) in one forward: every
+    /// linear layer, norm and the LM head over the rows of all of them, attention per sequence. Each row gets
+    /// the numbers it would get alone (the kernels are row-invariant), so batching never changes an output.
+    fn forward_rows(&self, jobs: &mut [Job]) -> Result<Vec<ForwardOutput>> {
+        let ids: Vec<u32> = jobs.iter().flat_map(|j| j.tokens.iter().copied()).collect();
+        let ids = Tensor::new(ids.as_slice(), &self.device)?;
+        let mut x = self.embed.forward(&ids)?.unsqueeze(0)?; // [1, rows, hidden]
+        if let Some(s) = self.embed_scale {
+            x = (x * s)?;
+        }
+        let steps = jobs
+            .iter()
+            .map(|j| {
+                let (start, len) = (j.len, j.tokens.len());
+                Ok(Step {
+                    start,
+                    len,
+                    rope_full: self.ropes.full.cos_sin(start, len, &self.device)?,
+                    rope_sliding: self.ropes.sliding.cos_sin(start, len, &self.device)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut caches: Vec<&mut KvCache> = jobs.iter_mut().map(|j| &mut j.caches[i]).collect();
+            x = layer.forward(&x, &steps, &self.ropes, &mut caches)?;
+        }
+        let x = x.squeeze(0)?; // [rows, hidden]
+        let mut outputs = Vec::with_capacity(jobs.len());
+        let mut logit_rows = Vec::new();
+        let mut offset = 0;
+        for (job, step) in jobs.iter_mut().zip(&steps) {
+            let t = step.len;
+            let xs = x.narrow(0, offset, t)?;
+            offset += t;
+            job.len = step.start + t;
+            let picked = match &job.opts.logits {
+                LogitRows::All => Some(xs.clone()),
+                LogitRows::Last(n) => {
+                    let n = (*n).clamp(1, t);
+                    Some(xs.narrow(0, t - n, n)?)
+                }
+                LogitRows::None => None,
+            };
+            let hidden = if job.opts.hidden_states { Some(self.norm.forward(&xs)?) } else { None };
+            outputs.push((picked.as_ref().map(|p| p.dim(0)).transpose()?, hidden));
+            logit_rows.extend(picked);
+        }
+        // One LM-head product over the logit rows of every sequence.
+        let logits = match logit_rows.len() {
+            0 => None,
+            1 => logit_rows.pop(),
+            _ => Some(Tensor::cat(&logit_rows, 0)?),
+        }
+        .map(|r| -> Result<Tensor> {
+            let mut l = self.lm_head.forward(&self.norm.forward(&r)?)?;
+            if let Some(cap) = self.cfg.final_logit_softcapping {
+                l = ((l / cap)?.tanh()? * cap)?;
+            }
+            Ok(l.to_dtype(DType::F32)?)
+        })
+        .transpose()?;
+        let mut offset = 0;
+        outputs
+            .into_iter()
+            .map(|(rows, hidden)| {
+                let logits = match (rows, logits.as_ref()) {
+                    (Some(n), Some(l)) => {
+                        offset += n;
+                        Some(l.narrow(0, offset - n, n)?)
+                    }
+                    _ => None,
+                };
+                Ok(ForwardOutput { logits, hidden })
+            })
+            .collect()
+    }
+}
+
+/// One sequence's forward, handed to the [`Batcher`] with the sequence's caches.
+struct Job {
+    id: u64,
+    /// The fork that asked.
+    owner: u64,
+    tokens: Vec<u32>,
+    opts: ForwardOptions,
+    caches: Vec<KvCache>,
+    /// Cached positions before the forward; after it, the new length.
+    len: usize,
+}
+
+struct Finished {
+    caches: Vec<KvCache>,
+    len: usize,
+    out: Result<ForwardOutput>,
+}
+
+#[derive(Default)]
+struct BatchState {
+    pending: Vec<Job>,
+    done: HashMap<u64, Finished>,
+    /// Whether a thread is running a batch now.
+    leading: bool,
+    /// Forks seen in the last two batches: how many requests a new batch waits for (briefly).
+    last: HashSet<u64>,
+    before_last: HashSet<u64>,
+}
+
+/// Gathers the forwards that the forks of one model call concurrently (one thread per sequence) into batched
+/// forwards. The first caller becomes the leader: it waits up to [`BATCH_WINDOW`] for the sequences of the
+/// recent batches to arrive, runs them all as one forward on its own thread, hands out the results, and lets
+/// the next waiting caller lead. A single sequence never waits.
+#[derive(Default)]
+pub struct Batcher {
+    state: Mutex<BatchState>,
+    changed: Condvar,
+    ids: AtomicU64,
+}
+
+/// How long a batch waits for the sequences that were in the recent batches.
+const BATCH_WINDOW: Duration = Duration::from_millis(2);
+
+impl Batcher {
+    fn new_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn state(&self) -> MutexGuard<'_, BatchState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `job` (with the others pending) on `model`'s weights and returns it finished.
+    fn run<B: Block>(&self, model: &Decoder<B>, job: Job) -> Finished {
+        let id = job.id;
+        let mut st = self.state();
+        st.pending.push(job);
+        self.changed.notify_all();
+        loop {
+            if let Some(f) = st.done.remove(&id) {
+                return f;
+            }
+            if st.leading {
+                st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            st.leading = true;
+            let expected = st.last.union(&st.before_last).count();
+            let deadline = Instant::now() + BATCH_WINDOW;
+            while st.pending.len() < expected {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                st = self.changed.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            let jobs = std::mem::take(&mut st.pending);
+            drop(st);
+            let owners: HashSet<u64> = jobs.iter().map(|j| j.owner).collect();
+            let finished = run_jobs(model, jobs);
+            st = self.state();
+            st.before_last = std::mem::replace(&mut st.last, owners);
+            st.done.extend(finished);
+            st.leading = false;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Runs the jobs as one forward; a failed forward fails each job, with its caches cut back.
+fn run_jobs<B: Block>(model: &Decoder<B>, mut jobs: Vec<Job>) -> Vec<(u64, Finished)> {
+    let starts: Vec<usize> = jobs.iter().map(|j| j.len).collect();
+    let result = catch_unwind(AssertUnwindSafe(|| model.forward_rows(&mut jobs)))
+        .unwrap_or_else(|_| Err(Error::Generation("the batched forward panicked".into())));
+    match result {
+        Ok(outs) => jobs
+            .into_iter()
+            .zip(outs)
+            .map(|(job, out)| (job.id, Finished { caches: job.caches, len: job.len, out: Ok(out) }))
+            .collect(),
+        Err(e) => {
+            let message = e.to_string();
+            jobs.into_iter()
+                .zip(starts)
+                .map(|(mut job, start)| {
+                    job.caches.iter_mut().for_each(|c| c.truncate(start));
+                    let out = Err(Error::Generation(message.clone()));
+                    (job.id, Finished { caches: job.caches, len: start, out })
+                })
+                .collect()
+        }
     }
 }
 
@@ -472,12 +716,30 @@ impl<B: Block> CausalLm for Decoder<B> {
 
     fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
-        for l in self.layers.iter_mut() {
-            l.cache().truncate(len);
+        for c in self.caches.iter_mut() {
+            c.truncate(len);
         }
         let keep = len - self.len;
         self.early.tokens.truncate(keep);
         self.early.hidden.truncate(keep * self.cfg.hidden_size);
+    }
+
+    fn fork(&self) -> Result<Box<dyn CausalLm>> {
+        Ok(Box::new(Decoder {
+            cfg: self.cfg.clone(),
+            embed: self.embed.clone(),
+            embed_scale: self.embed_scale,
+            layers: Arc::clone(&self.layers),
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.clone(),
+            ropes: self.ropes.clone(),
+            device: self.device.clone(),
+            caches: empty_caches(&self.layers),
+            len: 0,
+            early: EarlyPositions::default(),
+            batcher: Arc::clone(&self.batcher),
+            id: self.batcher.new_id(),
+        }))
     }
 
     fn forward(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
@@ -505,6 +767,22 @@ impl<B: Block> CausalLm for Decoder<B> {
         let end = self.len + t + if opts.exit_layer.is_some() { self.early.tokens.len() } else { 0 };
         if end > self.cfg.max_position_embeddings {
             return Err(Error::PromptTooLong { prompt_tokens: end, context: self.cfg.max_position_embeddings });
+        }
+        if opts.exit_layer.is_none() && self.early.tokens.is_empty() {
+            // A plain forward: batched with the forwards that other forks make at the same time.
+            let job = Job {
+                id: self.batcher.new_id(),
+                owner: self.id,
+                tokens: tokens.to_vec(),
+                opts: opts.clone(),
+                caches: std::mem::take(&mut self.caches),
+                len: self.len,
+            };
+            let batcher = Arc::clone(&self.batcher);
+            let done = batcher.run(self, job);
+            self.caches = done.caches;
+            self.len = done.len;
+            return done.out;
         }
         let x = match opts.exit_layer {
             Some(exit) => {
@@ -559,4 +837,8 @@ impl<B: Block> CausalLm for Decoder<B> {
         };
         Ok(ForwardOutput { logits, hidden })
     }
+}
+
+fn empty_caches<B: Block>(layers: &[B]) -> Vec<KvCache> {
+    layers.iter().map(Block::new_cache).collect()
 }

@@ -30,13 +30,13 @@ impl LlamaBlock {
 }
 
 impl Block for LlamaBlock {
-    fn forward(&mut self, x: &Tensor, step: &Step, ropes: &Ropes) -> Result<Tensor> {
-        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, step, ropes)?)?;
+    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
+        let h = (x + self.self_attn.forward(&self.input_layernorm.forward(x)?, steps, ropes, caches)?)?;
         Ok((&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
     }
 
-    fn cache(&mut self) -> &mut KvCache {
-        &mut self.self_attn.cache
+    fn new_cache(&self) -> KvCache {
+        self.self_attn.new_cache()
     }
 }
 

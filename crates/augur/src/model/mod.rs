@@ -64,7 +64,7 @@ pub struct ForwardOutput {
     pub hidden: Option<Tensor>,
 }
 
-/// A causal language model whose state is its KV cache.
+/// A causal language model: shared weights plus one sequence's KV cache.
 pub trait CausalLm: Send {
     fn config(&self) -> &ModelConfig;
     /// Runs `tokens` at positions `cache_len()..`, appending to the cache.
@@ -72,6 +72,14 @@ pub trait CausalLm: Send {
     /// Forgets every cached position from `len` on.
     fn truncate(&mut self, len: usize);
     fn cache_len(&self) -> usize;
+    /// Another sequence over the same weights (shared, not copied), with an empty cache: how several requests
+    /// run against one loaded model.
+    fn fork(&self) -> Result<Box<dyn CausalLm>> {
+        Err(Error::InvalidOption(format!(
+            "{} models cannot be forked into concurrent sequences",
+            self.config().architecture.name()
+        )))
+    }
     /// Hands over the model's multi-token-prediction layers, if it has any (they are then the MTP drafter's).
     fn take_mtp(&mut self) -> Option<Box<dyn mtp::MtpHead>> {
         None

@@ -6,6 +6,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::config::ModelConfig;
+use super::kv_cache::KvCache;
 use super::layers::{Block, Decoder, RmsNorm, Ropes, Step};
 use super::weights::{Embedding, Linear, Weights};
 use super::{CausalLm, ForwardOptions, ForwardOutput};
@@ -32,6 +33,8 @@ struct MtpLayer<B: Block> {
     /// `[hidden, 2·hidden]`.
     eh_proj: Linear,
     block: B,
+    /// The block's own positions (the MTP layer's, not the sequence's).
+    cache: KvCache,
     post_norm: RmsNorm,
 }
 
@@ -64,11 +67,13 @@ impl<B: Block> Mtp<B> {
         for i in n..n + cfg.num_mtp_layers {
             let p = format!("model.layers.{i}");
             let norm = |name: &str| RmsNorm::load(w, &format!("{p}.{name}.weight"), hs, cfg.rms_norm_eps, false);
+            let mtp_block = block(w, i)?;
             layers.push(MtpLayer {
                 enorm: norm("enorm")?,
                 hnorm: norm("hnorm")?,
                 eh_proj: w.linear(&format!("{p}.eh_proj"), hs, 2 * hs, false)?,
-                block: block(w, i)?,
+                cache: mtp_block.new_cache(),
+                block: mtp_block,
                 post_norm: norm("shared_head.norm")?,
             });
         }
@@ -98,13 +103,14 @@ impl<B: Block> MtpHead for Mtp<B> {
         let x = Tensor::cat(&[layer.enorm.forward(&e)?, layer.hnorm.forward(hidden)?], 1)?;
         let x = layer.eh_proj.forward(&x)?.unsqueeze(0)?; // [1, s, hidden]
         // The block's causal positions are its own cache entries; its rotary positions are the sequence's.
-        let start = layer.block.cache().len();
+        let start = layer.cache.len();
         let step = Step {
             start,
+            len: s,
             rope_full: self.ropes.full.cos_sin(first_position, s, &self.device)?,
             rope_sliding: self.ropes.sliding.cos_sin(first_position, s, &self.device)?,
         };
-        let x = layer.block.forward(&x, &step, &self.ropes)?;
+        let x = layer.block.forward(&x, &[step], &self.ropes, &mut [&mut layer.cache])?;
         layer.post_norm.forward(&x.squeeze(0)?)
     }
 
@@ -113,12 +119,12 @@ impl<B: Block> MtpHead for Mtp<B> {
     }
 
     fn cache_len(&mut self, k: usize) -> usize {
-        self.layers.get_mut(k).map_or(0, |l| l.block.cache().len())
+        self.layers.get_mut(k).map_or(0, |l| l.cache.len())
     }
 
     fn truncate(&mut self, k: usize, len: usize) {
         if let Some(l) = self.layers.get_mut(k) {
-            l.block.cache().truncate(len);
+            l.cache.truncate(len);
         }
     }
 }
@@ -148,5 +154,10 @@ impl<B: Block> CausalLm for WithMtp<B> {
 
     fn take_mtp(&mut self) -> Option<Box<dyn MtpHead>> {
         self.mtp.take()
+    }
+
+    /// A fork runs the decoder only: the MTP layers (and their caches) stay with this model.
+    fn fork(&self) -> Result<Box<dyn CausalLm>> {
+        self.decoder.fork()
     }
 }

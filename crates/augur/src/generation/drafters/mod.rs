@@ -1,6 +1,7 @@
 //! Ways of proposing tokens, one file each. A drafter proposes; it never verifies.
 
 mod assistant;
+mod backoff;
 mod early_exit;
 mod gemma4_assistant;
 mod mtp;
@@ -9,6 +10,7 @@ mod universal;
 mod universal_sampling;
 
 pub use assistant::AssistantModel;
+pub use backoff::{Backoff, BackoffPolicy};
 pub use early_exit::EarlyExit;
 pub use gemma4_assistant::Gemma4AssistantDrafter;
 pub use mtp::MtpDrafter;

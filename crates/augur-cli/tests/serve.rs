@@ -1,0 +1,380 @@
+//! `augur serve` on loopback, driven with raw HTTP (and, in `openai_python_client`, by the official `openai`
+//! Python package from PyPI): OpenAI's endpoints and error bodies, streaming, per-request speculation,
+//! cancellation, the bounded queue, concurrent sequences, and greedy outputs identical to `augur generate`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture(name: &str) -> String {
+    root().join("tests/fixtures").join(name).display().to_string()
+}
+
+/// SmolLM2-135M in augur's model cache (`.ci/run` fetches it); slow enough to cancel mid-stream.
+fn smollm2() -> String {
+    let dir = std::env::var("AUGUR_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/augur/models"));
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} is missing: run .ci/run (it fetches the real models)", p.display());
+    p.display().to_string()
+}
+
+/// A running `augur serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_augur"))
+            .arg("serve")
+            .args(["--port", "0", "--threads", "2"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("augur serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in `{line}`"))
+            .to_string();
+        Server { child, addr }
+    }
+
+    fn tiny(args: &[&str]) -> Server {
+        let model = fixture("tiny-llama");
+        let mut all = vec!["--model", model.as_str()];
+        all.extend_from_slice(args);
+        Server::start(&all)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Reply {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The `data:` payloads of a server-sent-event body.
+    fn events(&self) -> Vec<String> {
+        self.body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
+    }
+}
+
+fn send_raw(addr: &str, raw: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(raw).unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in `{text}`"));
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    Reply { status, head: head.to_string(), body: body.to_string() }
+}
+
+fn request(addr: &str, method: &str, path: &str, body: &str) -> Reply {
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    send_raw(addr, raw.as_bytes())
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Reply {
+    request(addr, "POST", path, &body.to_string())
+}
+
+fn augur_generate(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_augur")).arg("generate").args(args).arg("--json").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_error(r: &Reply, status: u16, code: Option<&str>) {
+    assert_eq!(r.status, status, "{}", r.body);
+    let e = &r.json()["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", r.body);
+    assert!(e["type"].is_string(), "{}", r.body);
+    if let Some(c) = code {
+        assert_eq!(e["code"], c, "{}", r.body);
+    }
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    let m = request(addr, "GET", "/metrics", "").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("augur_{name} ")).map(|v| v.parse().unwrap()))
+        .unwrap_or_else(|| panic!("no augur_{name} in\n{m}"))
+}
+
+const PROMPT: &str = "The quick brown fox jumps over the lazy dog. The quick brown";
+
+#[test]
+fn endpoints_greedy_streaming_and_speculation() {
+    let server = Server::tiny(&[]);
+    let a = server.addr.as_str();
+
+    let health = request(a, "GET", "/health", "");
+    assert_eq!((health.status, health.json()["status"].clone()), (200, json!("ok")));
+    let models = request(a, "GET", "/v1/models", "").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny-llama");
+
+    // Greedy over HTTP is `augur generate`, token for token (the text, and the count in `usage`).
+    let expected = augur_generate(&["--model", &fixture("tiny-llama"), "--max-new-tokens", "24", PROMPT]);
+    let body = json!({"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 24, "temperature": 0});
+    let r = post(a, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["text"], expected["text"]);
+    assert_eq!(v["usage"]["completion_tokens"], json!(expected["tokens"].as_array().unwrap().len()));
+    assert_eq!(v["usage"]["speculation"]["method"], "plain");
+    let text = expected["text"].as_str().unwrap().to_string();
+
+    // `echo` returns the prompt first (Transformers' return_full_text).
+    let echo = post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "echo": true}));
+    assert_eq!(echo.json()["choices"][0]["text"], format!("{PROMPT}{text}"));
+
+    // Streamed: the chunks add up to the same text, then a finish reason, the usage, and [DONE].
+    let s = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": true,
+                "stream_options": {"include_usage": true}}),
+    );
+    assert_eq!(s.status, 200);
+    assert!(s.head.contains("text/event-stream"), "{}", s.head);
+    let events = s.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, text);
+    assert!(chunks.len() > 3, "streamed in pieces, not at once");
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], v["usage"]["completion_tokens"]);
+    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "length"));
+
+    // Per-request speculation: prompt lookup proposes and keeps drafts on this repetitive prompt, with the
+    // plain greedy text; "off" decodes plainly.
+    let pl = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+                "speculation": {"method": "prompt_lookup", "prompt_lookup_num_tokens": 4}}),
+    )
+    .json();
+    assert_eq!(pl["choices"][0]["text"], text.as_str());
+    let spec = &pl["usage"]["speculation"];
+    assert_eq!(spec["method"], "prompt_lookup");
+    assert!(spec["drafted_tokens"].as_u64().unwrap() > 0, "{spec}");
+    assert!(spec["target_forwards"].as_u64().unwrap() <= 24);
+    let off = post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8, "speculation": "off", "temperature": 0}));
+    assert_eq!(off.json()["usage"]["speculation"]["method"], "plain");
+    let no_assistant = post(a, "/v1/completions", &json!({"prompt": "a", "speculation": {"method": "assistant_model"}}));
+    assert_error(&no_assistant, 400, None);
+
+    // Chat: the template is applied as `augur generate --chat` applies it; streamed as deltas.
+    let q = "Name three colors.";
+    let expected = augur_generate(&["--model", &fixture("tiny-llama"), "--chat", "--max-new-tokens", "16", q]);
+    let chat = json!({"model": "tiny-llama", "messages": [{"role": "user", "content": q}], "max_tokens": 16,
+                      "temperature": 0});
+    let c = post(a, "/v1/chat/completions", &chat).json();
+    assert_eq!(c["object"], "chat.completion");
+    assert_eq!(c["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(c["choices"][0]["message"]["content"], expected["text"]);
+    let mut chat_stream = chat.clone();
+    chat_stream["stream"] = json!(true);
+    let cs = post(a, "/v1/chat/completions", &chat_stream);
+    let events = cs.events();
+    let chunks: Vec<Value> =
+        events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, expected["text"].as_str().unwrap());
+
+    // Stop strings cut the text where it first appears.
+    let cut = &text[..text.len() / 2].trim_end().to_string();
+    let stop_at = cut.split_whitespace().last().unwrap_or(cut).to_string();
+    let stopped = post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop_at]}))
+        .json();
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    assert!(stopped["choices"][0]["text"].as_str().unwrap().contains(&stop_at));
+
+    assert!(metric(a, "generation_tokens_total") >= 24.0 * 3.0);
+    assert!(metric(a, "draft_tokens_total") > 0.0);
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
+    let server = Server::tiny(&["--max-body-bytes", "4096"]);
+    let a = server.addr.as_str();
+    assert_error(&request(a, "POST", "/v1/completions", "{\"prompt\": \"a\", "), 400, None);
+    assert_error(&request(a, "POST", "/v1/completions", "[1, 2, 3]"), 400, None);
+    assert_error(&request(a, "POST", "/v1/chat/completions", "{\"messages\": \"hi\"}"), 400, None);
+    assert_error(&request(a, "POST", "/v1/completions", "{\"prompt\": \"a\", \"max_tokens\": \"many\"}"), 400, None);
+    assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "model": "gpt-5"})), 404, Some("model_not_found"));
+    // The context is 512 tokens.
+    let too_many = post(a, "/v1/completions", &json!({"prompt": "hello", "max_tokens": 100000}));
+    assert_error(&too_many, 400, Some("context_length_exceeded"));
+    let long_prompt = post(a, "/v1/completions", &json!({"prompt": "word ".repeat(600), "max_tokens": 1}));
+    assert_error(&long_prompt, 400, Some("context_length_exceeded"));
+    let oversized = post(a, "/v1/completions", &json!({"prompt": "x".repeat(10_000)}));
+    assert_error(&oversized, 400, None);
+    assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "temperature": -1})), 400, None);
+    assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "n": 3})), 400, None);
+    assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "top_p": 7.0, "temperature": 1})), 400, None);
+    assert_error(&request(a, "GET", "/v1/nothing", ""), 404, None);
+    assert_error(&request(a, "GET", "/v1/completions", ""), 405, None);
+    let garbage = send_raw(a, b"NOT HTTP AT ALL\r\n\r\n");
+    assert_eq!(garbage.status, 400);
+    // A body shorter than its Content-Length, then a hang-up: the server must shrug it off.
+    {
+        let mut s = TcpStream::connect(a).unwrap();
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro").unwrap();
+    }
+    let ok = post(a, "/v1/completions", &json!({"prompt": "a", "max_tokens": 3}));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert!(metric(a, "requests_total{status=\"400\"}") >= 10.0);
+}
+
+#[test]
+fn concurrent_sequences_match_sequential_greedy_and_the_queue_is_bounded() {
+    let server = Server::tiny(&["--parallel", "3", "--queue", "8"]);
+    let a = server.addr.clone();
+    let prompts = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,", "def main():", "Hello there"];
+    let body = |p: &str, spec: bool| {
+        let mut b = json!({"prompt": p, "max_tokens": 40, "temperature": 0});
+        if spec {
+            b["speculation"] = json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 3});
+        }
+        b
+    };
+    let sequential: Vec<String> = prompts
+        .iter()
+        .map(|p| post(&a, "/v1/completions", &body(p, false)).json()["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    // Ten requests at once (five prompts, plain and speculative): each sequence has its own cache and drafter.
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            let (a, b) = (a.clone(), body(prompts[i % 5], i >= 5));
+            std::thread::spawn(move || post(&a, "/v1/completions", &b))
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["choices"][0]["text"], sequential[i % 5].as_str(), "request {i}");
+    }
+
+    // One slot and no queue: a second request while the first streams gets 429.
+    let busy = Server::tiny(&["--parallel", "1", "--queue", "0"]);
+    let mut s = TcpStream::connect(&busy.addr).unwrap();
+    let long = json!({"prompt": "The", "max_tokens": 400, "ignore_eos": true, "stream": true}).to_string();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    let mut first = [0u8; 64];
+    s.read_exact(&mut first).unwrap();
+    let second = post(&busy.addr, "/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.contains("[DONE]"), "the first request completes: {rest}");
+    assert_error(&second, 429, Some("queue_full"));
+    let after = post(&busy.addr, "/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
+    assert_eq!(after.status, 200, "{}", after.body);
+}
+
+#[test]
+fn a_client_that_leaves_mid_stream_stops_its_generation() {
+    let model = smollm2();
+    let server = Server::start(&["--model", &model]);
+    let a = server.addr.as_str();
+    let mut s = TcpStream::connect(a).unwrap();
+    let body = json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true,
+                      "temperature": 0})
+    .to_string();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    drop(reader);
+    let t0 = Instant::now();
+    while metric(a, "cancelled_total") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the generation was not cancelled");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let generated = metric(a, "generation_tokens_total");
+    assert!(generated < 4000.0, "stopped early, after {generated} tokens");
+    assert_eq!(metric(a, "active_sequences"), 0.0);
+}
+
+/// The official `openai` Python client against the server: installed from PyPI into a virtual environment
+/// under `target/` (network needed on the first run; a failure to install fails the test).
+#[test]
+fn openai_python_client() {
+    let venv = root().join("target/openai-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().unwrap().success();
+        assert!(ok, "python3 -m venv failed");
+    }
+    let has_openai = Command::new(&python).args(["-c", "import openai"]).status().unwrap().success();
+    if !has_openai {
+        let ok = Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "openai>=1.40"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "pip install openai failed (the test needs PyPI once; the venv is kept under target/)");
+    }
+    let tiny = Server::tiny(&[]);
+    let smol = Server::start(&["--model", &smollm2()]);
+    let expected = augur_generate(&["--model", &fixture("tiny-llama"), "--max-new-tokens", "20", PROMPT]);
+    let expected_chat =
+        augur_generate(&["--model", &fixture("tiny-llama"), "--chat", "--max-new-tokens", "12", "Name three colors."]);
+    // The expected texts go through a file: a random tiny model's text may hold any character, NUL included.
+    let expectations = root().join("target/openai-venv/expected.json");
+    let texts = json!({"prompt": PROMPT, "text": expected["text"], "chat": expected_chat["text"]});
+    std::fs::write(&expectations, texts.to_string()).unwrap();
+    let out = Command::new(&python)
+        .arg(root().join("crates/augur-cli/tests/openai_client.py"))
+        .args([&tiny.addr, &smol.addr])
+        .arg(&expectations)
+        .output()
+        .unwrap();
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("all openai client checks passed"), "{log}");
+}

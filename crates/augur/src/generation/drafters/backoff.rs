@@ -1,0 +1,65 @@
+//! Per-sequence speculation back-off under load, wrapped around any drafter: a round without drafts is a plain
+//! decoding step inside the shared loop (one new token, verified exactly as before), so backing off never
+//! changes the output. It skips drafting while the server runs more sequences than a threshold (the target's
+//! forwards then serve the other sequences instead of verifying drafts). Backing off when drafts do not pay is
+//! the cost model's job (`generation/cost_model.rs`), not this wrapper's.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use candle_core::Tensor;
+
+use super::{Draft, Drafter};
+use crate::error::Result;
+use crate::model::CausalLm;
+
+/// When a sequence stops drafting: while `running` exceeds `max_load`.
+#[derive(Debug, Clone)]
+pub struct BackoffPolicy {
+    /// Sequences running now.
+    pub running: Arc<AtomicUsize>,
+    /// The count above which drafting pauses.
+    pub max_load: usize,
+}
+
+pub struct Backoff<'a> {
+    inner: Box<dyn Drafter + 'a>,
+    policy: BackoffPolicy,
+    /// Whether this round's proposal came from `inner` (only then does `inner` observe the verdict).
+    drafted: bool,
+}
+
+impl<'a> Backoff<'a> {
+    pub fn new(inner: Box<dyn Drafter + 'a>, policy: BackoffPolicy) -> Self {
+        Self { inner, policy, drafted: false }
+    }
+}
+
+impl Drafter for Backoff<'_> {
+    fn method(&self) -> &'static str {
+        self.inner.method()
+    }
+
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
+        self.drafted = self.policy.running.load(Ordering::Relaxed) <= self.policy.max_load;
+        if !self.drafted {
+            return Ok(Draft::default());
+        }
+        self.inner.propose(target, context, max)
+    }
+
+    fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()> {
+        if !self.drafted {
+            return Ok(());
+        }
+        self.inner.observe(context, proposed, accepted)
+    }
+
+    fn wants_target_hidden(&self) -> bool {
+        self.inner.wants_target_hidden()
+    }
+
+    fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {
+        self.inner.target_hidden(hidden, accepted_rows)
+    }
+}

@@ -1,0 +1,176 @@
+//! Several sequences over one loaded model: forks share the weights and keep their own caches, their
+//! concurrent forwards give exactly what each gives alone, and the pipeline's call options and text stream.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Barrier};
+
+use augur::generation::config::GenerationOptions;
+use augur::generation::drafters::BackoffPolicy;
+use augur::generation::stopping::FinishReason;
+use augur::model::{ForwardOptions, LogitRows};
+use augur::pipeline::{CallOptions, Prompt};
+use common::{fixtures, greedy, load, pipeline};
+
+const PROMPTS: [&str; 4] = ["The quick brown fox", "Once upon a time there", "1, 2, 3, 4, 5,", "def main():\n    x ="];
+
+#[test]
+fn forks_have_their_own_caches_and_the_same_logits() {
+    let pipe = pipeline("tiny-llama", None);
+    let ids = pipe.encode(&Prompt::Text(PROMPTS[0].into()), true).unwrap();
+    let mut a = pipe.target.model.fork().unwrap();
+    let mut b = pipe.target.model.fork().unwrap();
+    let rows = |m: &mut Box<dyn augur::model::CausalLm>, t: &[u32]| -> Vec<Vec<f32>> {
+        m.forward(t, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap().to_vec2().unwrap()
+    };
+    let la = rows(&mut a, &ids);
+    assert_eq!(a.cache_len(), ids.len());
+    assert_eq!(b.cache_len(), 0, "a fork starts empty whatever its siblings did");
+    assert_eq!(pipe.target.model.cache_len(), 0);
+    // The other fork, after the first has moved on: the same numbers, bit for bit.
+    assert_eq!(rows(&mut a, &[5, 6]).len(), 2);
+    assert_eq!(rows(&mut b, &ids), la);
+    // Steps interleaved between the forks follow each fork's own cache.
+    a.truncate(ids.len());
+    for t in [7u32, 8, 9] {
+        assert_eq!(rows(&mut a, &[t]), rows(&mut b, &[t]), "token {t}");
+    }
+    a.truncate(2);
+    assert_eq!((a.cache_len(), b.cache_len()), (2, ids.len() + 3));
+}
+
+/// Greedy outputs of `PROMPTS` generated one after the other, then by forks on four threads started at once
+/// (their forwards overlap, so they run batched): the same tokens, with and without speculation.
+#[test]
+fn concurrent_sequences_equal_sequential_ones() {
+    let pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    for spec in [
+        GenerationOptions::default(),
+        GenerationOptions { prompt_lookup_num_tokens: Some(3), ..Default::default() },
+        GenerationOptions { num_assistant_tokens: Some(4), ..Default::default() },
+        GenerationOptions { assistant_early_exit: Some(2), ..Default::default() },
+    ] {
+        let mut options = greedy(40);
+        options.merge(&spec);
+        let plain = CallOptions { plain: spec == GenerationOptions::default(), ..CallOptions::new(options.clone()) };
+        let mut solo = pipe.fork().unwrap();
+        let expected: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| solo.call(&Prompt::Text((*p).into()), &plain, None).unwrap().tokens)
+            .collect();
+        let barrier = Arc::new(Barrier::new(PROMPTS.len()));
+        let handles: Vec<_> = PROMPTS
+            .iter()
+            .map(|p| {
+                let (mut fork, call, barrier, prompt) = (pipe.fork().unwrap(), plain.clone(), Arc::clone(&barrier), p.to_string());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    fork.call(&Prompt::Text(prompt), &call, None).unwrap()
+                })
+            })
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            let out = h.join().unwrap();
+            assert_eq!(out.tokens, expected[i], "prompt {i} with {spec:?}");
+        }
+    }
+}
+
+/// The mixture-of-experts architectures (attention one sequence at a time inside a batched forward): forks on
+/// two threads at once give the logits one fork gives alone. Their MTP layers stay with the loaded model, so a
+/// pipeline over them does not fork; nor does Gemma 4, which has no forks yet.
+#[test]
+fn moe_models_fork_and_unforkable_ones_say_so() {
+    for name in ["tiny-deepseek-v3-mtp", "tiny-glm4-moe-mtp"] {
+        let lm = load(&fixtures().join(name), false);
+        let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 13, 17], vec![2, 4, 6]];
+        let logits = |m: &mut Box<dyn augur::model::CausalLm>, t: &[u32]| -> Vec<Vec<f32>> {
+            m.forward(t, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap().to_vec2().unwrap()
+        };
+        let mut solo = lm.model.fork().unwrap();
+        let expected: Vec<Vec<Vec<f32>>> = prompts
+            .iter()
+            .map(|p| {
+                solo.truncate(0);
+                let mut rows = logits(&mut solo, p);
+                rows.extend(logits(&mut solo, &[3]));
+                rows
+            })
+            .collect();
+        let barrier = Arc::new(Barrier::new(prompts.len()));
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let (mut fork, barrier, p) = (lm.model.fork().unwrap(), Arc::clone(&barrier), p.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let mut rows = logits(&mut fork, &p);
+                    rows.extend(logits(&mut fork, &[3]));
+                    rows
+                })
+            })
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            assert_eq!(h.join().unwrap(), expected[i], "{name}, prompt {i}");
+        }
+        let pipe = pipeline(name, None);
+        let err = pipe.fork().err().expect("a pipeline with MTP layers must not fork").to_string();
+        assert!(err.contains("MTP layers"), "{err}");
+    }
+    let err = pipeline("tiny-gemma4", None).fork().err().expect("gemma4 has no forks").to_string();
+    assert!(err.contains("gemma4") && err.contains("cannot be forked"), "{err}");
+}
+
+#[test]
+fn call_options_stream_cancel_and_backoff() {
+    let mut pipe = pipeline("tiny-llama", None);
+    let prompt = Prompt::Text(PROMPTS[0].into());
+    let new = pipe.generate(&prompt, &greedy(12), None).unwrap();
+
+    // return_full_text (Transformers' default) puts the prompt first, in the text and in the stream.
+    let mut streamed = String::new();
+    let full = pipe.call(&prompt, &CallOptions::new(greedy(12)), Some(&mut |c: &str| streamed.push_str(c))).unwrap();
+    assert_eq!(full.text, format!("{}{}", PROMPTS[0], new.text));
+    assert_eq!(streamed, full.text);
+
+    // add_special_tokens reaches the tokenizer (the tiny tokenizer adds no special tokens to text, so the
+    // counts only show that the encoding asked for is the one generated from).
+    let without = pipe.encode(&prompt, false).unwrap();
+    let no_bos = CallOptions { add_special_tokens: Some(false), return_full_text: Some(false), ..CallOptions::new(greedy(12)) };
+    let out = pipe.call(&prompt, &no_bos, None).unwrap();
+    assert_eq!(out.stats.prompt_tokens, without.len());
+
+    // Stop strings end the text where they appear.
+    let stop = new.text.chars().skip(3).take(2).collect::<String>();
+    let mut stop_opts = greedy(12);
+    stop_opts.stop_strings = Some(vec![stop.clone()]);
+    let stopped = pipe.generate(&prompt, &stop_opts, None).unwrap();
+    assert_eq!(stopped.finish_reason, FinishReason::StopString(stop.clone()));
+    assert!(stopped.text.contains(&stop) && new.text.starts_with(&stopped.text), "{stopped:?}");
+    assert!(stopped.tokens.len() < new.tokens.len());
+
+    // The iterator yields the same text as the callback; `finish` returns the whole output.
+    let call = CallOptions { return_full_text: Some(false), ..CallOptions::new(greedy(12)) };
+    let mut chunks = pipe.stream(prompt.clone(), call.clone()).unwrap();
+    let mut text = String::new();
+    for c in chunks.by_ref() {
+        text.push_str(&c);
+    }
+    assert_eq!(text, new.text);
+    assert_eq!(chunks.finish().unwrap().tokens, new.tokens);
+
+    // A set cancel flag ends the generation after one token.
+    let cancel = Arc::new(AtomicBool::new(true));
+    let cancelled = pipe.call(&prompt, &CallOptions { cancel: Some(cancel), ..call.clone() }, None).unwrap();
+    assert_eq!(cancelled.finish_reason, FinishReason::Cancelled);
+    assert_eq!(cancelled.tokens.len(), 1);
+
+    // Under load the back-off keeps drafting off: no drafts, the same tokens.
+    let mut pl = greedy(12);
+    pl.prompt_lookup_num_tokens = Some(3);
+    let busy = BackoffPolicy { running: Arc::new(AtomicUsize::new(9)), max_load: 1 };
+    let backed = pipe.call(&prompt, &CallOptions { generation: pl, backoff: Some(busy), ..call }, None).unwrap();
+    assert_eq!(backed.tokens, new.tokens);
+    assert_eq!(backed.stats.drafted, 0);
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""A bounded load run against an OpenAI-compatible server (`augur serve`, `llama-server`, ...).
+
+N concurrent clients each send R completion requests (prompts from a file, one per line, or a built-in set),
+non-streamed, greedy, with `ignore_eos` so every request generates exactly --max-tokens tokens. Reports
+aggregate throughput and p50/p99 request latency as one JSON line. Standard library only.
+
+    python3 tools/bench/serve_load.py --url http://127.0.0.1:8080 --clients 4 --requests 8 --max-tokens 128 \
+        [--speculation '{"method": "prompt_lookup", "prompt_lookup_num_tokens": 10}'] [--prompts FILE] [--chat]
+"""
+
+import argparse
+import json
+import statistics
+import threading
+import time
+import urllib.request
+
+DEFAULT_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome, with a docstring and tests.",
+    "Explain how a hash map works, with an example in Rust.",
+    "Summarize the plot of Romeo and Juliet in five sentences.",
+    "List ten uses of a paperclip, one per line, each with a short explanation.",
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompts", default=None)
+    ap.add_argument("--chat", action="store_true")
+    ap.add_argument("--speculation", default=None, help="JSON for augur's `speculation` field")
+    args = ap.parse_args()
+    prompts = DEFAULT_PROMPTS
+    if args.prompts:
+        with open(args.prompts) as f:
+            prompts = [l.rstrip("\n") for l in f if l.strip()]
+    path = "/v1/chat/completions" if args.chat else "/v1/completions"
+    latencies, tokens, errors = [], [], []
+    lock = threading.Lock()
+
+    def client(c):
+        for r in range(args.requests):
+            prompt = prompts[(c * args.requests + r) % len(prompts)]
+            body = {"max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+            if args.model:
+                body["model"] = args.model
+            if args.chat:
+                body["messages"] = [{"role": "user", "content": prompt}]
+            else:
+                body["prompt"] = prompt
+            if args.speculation:
+                body["speculation"] = json.loads(args.speculation)
+            req = urllib.request.Request(
+                args.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
+            t0 = time.perf_counter()
+            try:
+                with urllib.request.urlopen(req, timeout=600) as resp:
+                    out = json.loads(resp.read())
+                dt = time.perf_counter() - t0
+                with lock:
+                    latencies.append(dt)
+                    tokens.append(out["usage"]["completion_tokens"])
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(str(e))
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    lat = sorted(latencies)
+    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
+    print(
+        json.dumps(
+            {
+                "clients": args.clients,
+                "requests": len(lat),
+                "errors": len(errors),
+                "completion_tokens": sum(tokens),
+                "wall_seconds": round(wall, 3),
+                "tokens_per_second": round(sum(tokens) / wall, 2) if wall > 0 else None,
+                "latency_p50_s": pick(0.5),
+                "latency_p99_s": pick(0.99),
+                "latency_mean_s": statistics.mean(lat) if lat else None,
+                "speculation": json.loads(args.speculation) if args.speculation else None,
+            }
+        )
+    )
+    if errors:
+        print("first error:", errors[0])
+
+
+if __name__ == "__main__":
+    main()
