@@ -112,7 +112,7 @@ def llama_spec_runs(args, prompts, max_new):
     b = lambda name: os.path.join(args.llama_bin, name)
     common = ["-t", str(args.threads), "--temp", "0", "-n", str(max_new), "-c", "4096"]
     tools = {"plain": lambda p: [b("llama-completion"), "-m", args.model, "-p", p, "-no-cnv", "--no-warmup"] + common,
-             "lookup": lambda p: [b("llama-lookup"), "-m", args.model, "-p", p, "--draft-max", "10"] + common}
+             "lookup": lambda p: [b("llama-lookup"), "-m", args.model, "-p", p, "--spec-draft-n-max", "10"] + common}
     if args.draft:
         tools["draft"] = lambda p: [b("llama-speculative-simple"), "-m", args.model, "-md", args.draft,
                                     "--spec-draft-n-max", str(args.draft_max), "-td", str(args.threads), "-p", p] + common
@@ -137,10 +137,15 @@ def spec(args):
         cmd += ["--assistant-model", args.draft]
     if args.categories:
         cmd += ["--categories", args.categories]
-    t0 = time.time()
-    table, _ = run(cmd)
-    ours = json.load(open(out_json))
-    print(f"augur: {time.time() - t0:.0f} s", file=sys.stderr)
+    if args.augur_json:
+        # An earlier augur run on the same prompts: only llama.cpp runs now.
+        ours = json.load(open(args.augur_json))
+        table = "(augur table: see the earlier run)\n"
+    else:
+        t0 = time.time()
+        table, _ = run(cmd)
+        ours = json.load(open(out_json))
+        print(f"augur: {time.time() - t0:.0f} s", file=sys.stderr)
     theirs = llama_spec_runs(args, ours["prompts"], args.max_new_tokens)
 
     cats = sorted({r["category"] for r in theirs}) + ["overall"]
@@ -186,6 +191,7 @@ def main():
     ap.add_argument("--categories")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--augur-json", help="spec: reuse this earlier `augur bench --json` output instead of running augur")
     args = ap.parse_intermixed_args()
     result = speed(args) if args.mode == "speed" else spec(args)
     with open(args.out + f".{args.mode}.json", "w") as f:

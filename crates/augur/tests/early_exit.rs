@@ -298,14 +298,6 @@ fn chi_square(observed: &HashMap<Vec<u32>, usize>, expected: &HashMap<Vec<u32>, 
     (stat, critical)
 }
 
-fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
-    let mut h = HashMap::new();
-    for seed in 0..DRAWS as u64 {
-        *h.entry(draw(seed)).or_default() += 1;
-    }
-    h
-}
-
 fn mixture(p: &[f32], q: &[f32], w: f32) -> Vec<f32> {
     p.iter().zip(q).map(|(p, q)| w * p + (1.0 - w) * q).collect()
 }
@@ -322,14 +314,14 @@ fn sampling_follows_the_target_or_the_specified_mixture() {
     let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &q0, w));
 
     let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
-    let lossless = histogram(|s| {
+    let lossless = histogram(DRAWS, |s| {
         let o = GenerationOptions { assistant_early_exit: Some(exit), ..sampling(s) };
         pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
     });
     let (stat, critical) = chi_square(&lossless, &target);
     assert!(stat < critical, "early exit without a weight: chi-square {stat:.1} ≥ {critical:.1} against the target");
 
-    let mixed = histogram(|s| {
+    let mixed = histogram(DRAWS, |s| {
         let o =
             GenerationOptions { assistant_early_exit: Some(exit), assistant_ensemble_weight: Some(w), ..sampling(s) };
         pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
@@ -344,7 +336,7 @@ fn sampling_follows_the_target_or_the_specified_mixture() {
     let mut a = load(&fixtures().join("tiny-llama-assistant"), false);
     let qa = next_dist(a.model.as_mut(), &cfg, &PROMPT, None);
     let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &qa, w));
-    let mixed = histogram(|s| {
+    let mixed = histogram(DRAWS, |s| {
         let o = GenerationOptions { assistant_ensemble_weight: Some(w), ..sampling(s) };
         pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
     });

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 
 use augur::generation::config::GenerationOptions;
 use augur::generation::drafters::{Draft, Drafter, Gemma4AssistantDrafter};
@@ -243,50 +242,15 @@ fn sampling(seed: u64) -> GenerationOptions {
     }
 }
 
-fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
-    let mut h = HashMap::new();
-    for seed in 0..DRAWS as u64 {
-        *h.entry(draw(seed)).or_default() += 1;
-    }
-    h
-}
-
-/// Chi-square statistic of two samples of equal size, and its critical value at α = 0.001 (Wilson–Hilferty).
-fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
-    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
-    let cell = |x: f64, y: f64, stat: &mut f64, df: &mut usize| {
-        *stat += (x - y) * (x - y) / (x + y);
-        *df += 1;
-    };
-    for k in keys {
-        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
-        if x + y < 10.0 {
-            pooled = (pooled.0 + x, pooled.1 + y);
-        } else {
-            cell(x, y, &mut stat, &mut df);
-        }
-    }
-    if pooled.0 + pooled.1 > 0.0 {
-        cell(pooled.0, pooled.1, &mut stat, &mut df);
-    }
-    let k = (df - 1) as f64;
-    let z = 3.090;
-    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
-    (stat, critical)
-}
-
 #[test]
 fn speculative_sampling_keeps_the_target_distribution() {
     let input = ids(&golden("gemma4.json")["prompts"][0]["input_ids"]);
     let mut plain = pipeline("tiny-gemma4", None);
-    let want = histogram(|s| plain.generate_ids(&input, &sampling(s + 1_000_000), None).unwrap().tokens);
+    let want = histogram(DRAWS, |s| plain.generate_ids(&input, &sampling(s + 1_000_000), None).unwrap().tokens);
     assert!(want.len() > 5, "the test needs a spread distribution, got {} outcomes", want.len());
     let mut pipe = pipeline("tiny-gemma4", Some("tiny-gemma4-assistant"));
     let mut drafted = 0;
-    let got = histogram(|s| {
+    let got = histogram(DRAWS, |s| {
         let out = pipe.generate_ids(&input, &sampling(s), None).unwrap();
         drafted += out.stats.drafted;
         out.tokens

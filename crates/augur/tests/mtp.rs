@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 
 use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Draft, Drafter, MtpDrafter};
@@ -162,50 +161,14 @@ fn sampling(seed: u64, use_mtp: bool) -> GenerationOptions {
     GenerationOptions { do_sample: Some(true), top_k: Some(4), temperature: Some(1.5), seed: Some(seed), use_mtp: Some(use_mtp), ..greedy(3) }
 }
 
-fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
-    let mut h = HashMap::new();
-    for seed in 0..DRAWS as u64 {
-        *h.entry(draw(seed)).or_default() += 1;
-    }
-    h
-}
-
-/// Chi-square statistic of two samples of equal size, and its critical value at α = 0.001 (Wilson–Hilferty),
-/// rare categories pooled (as in `sampling_distribution.rs`).
-fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
-    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
-    let cell = |x: f64, y: f64, stat: &mut f64, df: &mut usize| {
-        *stat += (x - y) * (x - y) / (x + y);
-        *df += 1;
-    };
-    for k in keys {
-        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
-        if x + y < 10.0 {
-            pooled = (pooled.0 + x, pooled.1 + y);
-        } else {
-            cell(x, y, &mut stat, &mut df);
-        }
-    }
-    if pooled.0 + pooled.1 > 0.0 {
-        cell(pooled.0, pooled.1, &mut stat, &mut df);
-    }
-    let k = (df - 1) as f64;
-    let z = 3.090;
-    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
-    (stat, critical)
-}
-
 /// Three sampled tokens: the first from the prefill, the next two from a round with an MTP draft (two layers).
 #[test]
 fn use_mtp_sampling_keeps_the_target_distribution() {
     let mut pipe = pipeline("tiny-deepseek-v3-mtp2", None);
-    let plain = histogram(|s| pipe.generate_ids(&PROMPT, &sampling(s + 1_000_000, false), None).unwrap().tokens);
+    let plain = histogram(DRAWS, |s| pipe.generate_ids(&PROMPT, &sampling(s + 1_000_000, false), None).unwrap().tokens);
     assert!(plain.len() > 5, "the test needs a spread distribution, got {} outcomes", plain.len());
     let (mut drafted, mut accepted) = (0, 0);
-    let mtp = histogram(|s| {
+    let mtp = histogram(DRAWS, |s| {
         let out = pipe.generate_ids(&PROMPT, &sampling(s, true), None).unwrap();
         drafted += out.stats.drafted;
         accepted += out.stats.accepted;

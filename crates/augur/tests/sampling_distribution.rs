@@ -29,45 +29,9 @@ fn sampling(seed: u64) -> GenerationOptions {
 
 const PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
 
-fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
-    let mut h = HashMap::new();
-    for seed in 0..DRAWS as u64 {
-        *h.entry(draw(seed)).or_default() += 1;
-    }
-    h
-}
-
-/// Chi-square statistic of two samples of equal size, and its critical value at α = 0.001 (Wilson–Hilferty).
-fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
-    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    // Pool rare categories so that every expected count is at least 5.
-    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
-    let cell = |x: f64, y: f64, stat: &mut f64, df: &mut usize| {
-        *stat += (x - y) * (x - y) / (x + y);
-        *df += 1;
-    };
-    for k in keys {
-        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
-        if x + y < 10.0 {
-            pooled = (pooled.0 + x, pooled.1 + y);
-        } else {
-            cell(x, y, &mut stat, &mut df);
-        }
-    }
-    if pooled.0 + pooled.1 > 0.0 {
-        cell(pooled.0, pooled.1, &mut stat, &mut df);
-    }
-    let k = (df - 1) as f64;
-    let z = 3.090; // one-sided 0.001 quantile of the standard normal
-    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
-    (stat, critical)
-}
-
 fn plain_draws() -> HashMap<Vec<u32>, usize> {
     let mut pipe = pipeline("tiny-llama", None);
-    histogram(|s| pipe.generate_ids(&PROMPT, &sampling(s + 1_000_000), None).unwrap().tokens)
+    histogram(DRAWS, |s| pipe.generate_ids(&PROMPT, &sampling(s + 1_000_000), None).unwrap().tokens)
 }
 
 #[test]
@@ -75,11 +39,11 @@ fn speculative_sampling_keeps_the_target_distribution() {
     let plain = plain_draws();
     assert!(plain.len() > 5, "the test needs a spread distribution, got {} outcomes", plain.len());
     let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
-    let assisted = histogram(|s| pipe.generate_ids(&PROMPT, &sampling(s), None).unwrap().tokens);
+    let assisted = histogram(DRAWS, |s| pipe.generate_ids(&PROMPT, &sampling(s), None).unwrap().tokens);
     let (stat, critical) = chi_square(&plain, &assisted);
     assert!(stat < critical, "assistant model: chi-square {stat:.1} ≥ {critical:.1}");
     let mut pipe = pipeline("tiny-llama", None);
-    let lookup = histogram(|s| {
+    let lookup = histogram(DRAWS, |s| {
         let o = GenerationOptions { prompt_lookup_num_tokens: Some(3), ..sampling(s) };
         pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
     });
@@ -118,7 +82,7 @@ fn a_verifier_that_always_accepts_fails_the_test() {
     let mut target = load(&fixtures().join("tiny-llama"), false);
     let mut assistant = load(&fixtures().join("tiny-llama-assistant"), false);
     let vocab = target.config().vocab_size;
-    let broken = histogram(|s| {
+    let broken = histogram(DRAWS, |s| {
         let cfg = GenerationConfig::from_options(&sampling(s));
         target.model.truncate(0);
         let mut drafter = AlwaysAccepted(AssistantModel::new(assistant.model.as_mut(), &cfg, PROMPT.len(), vocab).unwrap());

@@ -185,45 +185,9 @@ fn sampling_prompt() -> Vec<u32> {
     ids(&golden("universal.json")["configs"][0]["runs"][0]["input_ids"])
 }
 
-fn histogram(mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
-    let mut h = HashMap::new();
-    for seed in 0..DRAWS as u64 {
-        *h.entry(draw(seed)).or_default() += 1;
-    }
-    h
-}
-
-/// Chi-square statistic of two samples of equal size, and its critical value at α = 0.001 (Wilson–Hilferty);
-/// rare categories are pooled.
-fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
-    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
-    let cell = |x: f64, y: f64, stat: &mut f64, df: &mut usize| {
-        *stat += (x - y) * (x - y) / (x + y);
-        *df += 1;
-    };
-    for k in keys {
-        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
-        if x + y < 10.0 {
-            pooled = (pooled.0 + x, pooled.1 + y);
-        } else {
-            cell(x, y, &mut stat, &mut df);
-        }
-    }
-    if pooled.0 + pooled.1 > 0.0 {
-        cell(pooled.0, pooled.1, &mut stat, &mut df);
-    }
-    let k = (df - 1) as f64;
-    let z = 3.090;
-    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
-    (stat, critical)
-}
-
 fn plain_draws(prompt: &[u32]) -> HashMap<Vec<u32>, usize> {
     let mut pipe = pipeline("tiny-llama", None);
-    histogram(|s| pipe.generate_ids(prompt, &sampling(s + 1_000_000), None).unwrap().tokens)
+    histogram(DRAWS, |s| pipe.generate_ids(prompt, &sampling(s + 1_000_000), None).unwrap().tokens)
 }
 
 #[test]
@@ -233,7 +197,7 @@ fn universal_sampling_keeps_the_target_distribution() {
     assert!(plain.len() > 5, "the test needs a spread distribution, got {} outcomes", plain.len());
     let mut pipe = pipeline("tiny-llama", Some(ASSISTANT));
     let (mut drafted, mut accepted) = (0, 0);
-    let universal = histogram(|s| {
+    let universal = histogram(DRAWS, |s| {
         let out = pipe.generate_ids(&prompt, &sampling(s), None).unwrap();
         assert_eq!(out.stats.method, "universal_sampling");
         drafted += out.stats.drafted;
@@ -298,7 +262,7 @@ fn transformers_misaligned_q_fails_the_test() {
     let mut target = load(&fixtures().join("tiny-llama"), false);
     let mut assistant = load(&fixtures().join(ASSISTANT), false);
     let vocab = target.config().vocab_size;
-    let misplaced = histogram(|s| {
+    let misplaced = histogram(DRAWS, |s| {
         let cfg = GenerationConfig::from_options(&sampling(s));
         target.model.truncate(0);
         let inner =

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: fixture and model locations, JSON loading, pipelines.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use augur::generation::config::GenerationOptions;
@@ -50,4 +51,41 @@ pub fn pipeline(target: &str, assistant: Option<&str>) -> Pipeline {
 /// Greedy options with EOS never stopping (as the goldens were recorded).
 pub fn greedy(max_new_tokens: usize) -> GenerationOptions {
     GenerationOptions { max_new_tokens: Some(max_new_tokens), eos_token_id: Some(vec![]), ..Default::default() }
+}
+
+/// How often each continuation comes out of `draws` seeded draws (seeds `0..draws`).
+pub fn histogram(draws: usize, mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
+    let mut h = HashMap::new();
+    for seed in 0..draws as u64 {
+        *h.entry(draw(seed)).or_default() += 1;
+    }
+    h
+}
+
+/// Chi-square statistic of two samples of equal size, and its critical value at α = 0.001 (Wilson–Hilferty).
+pub fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) -> (f64, f64) {
+    let mut keys: Vec<&Vec<u32>> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    // Pool rare categories so that every expected count is at least 5.
+    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
+    let cell = |x: f64, y: f64, stat: &mut f64, df: &mut usize| {
+        *stat += (x - y) * (x - y) / (x + y);
+        *df += 1;
+    };
+    for k in keys {
+        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
+        if x + y < 10.0 {
+            pooled = (pooled.0 + x, pooled.1 + y);
+        } else {
+            cell(x, y, &mut stat, &mut df);
+        }
+    }
+    if pooled.0 + pooled.1 > 0.0 {
+        cell(pooled.0, pooled.1, &mut stat, &mut df);
+    }
+    let k = (df - 1) as f64;
+    let z = 3.090; // one-sided 0.001 quantile of the standard normal
+    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    (stat, critical)
 }
