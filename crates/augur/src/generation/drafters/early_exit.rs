@@ -7,24 +7,15 @@
 //! a drafted position. The context's early-layer entries need no drafting pass at all: the verifier already
 //! wrote them. Transformers instead keeps a separate `L`-layer cache for the drafts and recomputes everything.
 
+use super::autoregressive::Autoregressive;
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
-use crate::generation::decode::logits_rows;
-use crate::generation::draft_length::DraftLength;
-use crate::generation::logits::LogitsProcessor;
-use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
 pub struct EarlyExit {
     exit_layer: usize,
-    /// The target's processors, applied once to the early logits.
-    processor: LogitsProcessor,
-    sampler: Sampler,
-    length: DraftLength,
-    eos: Vec<u32>,
-    /// Whether drafts carry their distributions: for speculative sampling, and for ensemble verification.
-    keep_q: bool,
+    drafting: Autoregressive,
 }
 
 impl EarlyExit {
@@ -39,24 +30,11 @@ impl EarlyExit {
                 num_layers.saturating_sub(1)
             )));
         }
-        Ok(Self {
-            exit_layer,
-            processor: LogitsProcessor::new(cfg, prompt_len)?,
-            // A stream of its own, so that drafting does not shift the verifier's random numbers.
-            sampler: Sampler::new(cfg.seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15))),
-            length: DraftLength::new(
-                cfg.effective_num_assistant_tokens(),
-                cfg.assistant_tokens_schedule(),
-                cfg.effective_assistant_confidence_threshold(),
-                cfg.assistant_confidence_adaptive.unwrap_or(false),
-            ),
-            eos: cfg.eos_token_id.clone(),
-            keep_q: cfg.do_sample || cfg.assistant_ensemble_weight.is_some(),
-        })
+        Ok(Self { exit_layer, drafting: Autoregressive::new(cfg, prompt_len, false)? })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {
-        self.length.num_assistant_tokens
+        self.drafting.length.num_assistant_tokens
     }
 }
 
@@ -66,49 +44,20 @@ impl Drafter for EarlyExit {
     }
 
     fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
-        let max = max.min(self.length.num_assistant_tokens);
-        if max == 0 {
+        if self.drafting.cap(max) == 0 {
             return Ok(Draft::default());
         }
         // Drop anything an earlier draft left past the verified cache; the context is drafted from there.
         let cached = target.cache_len();
         target.truncate(cached);
         let opts = ForwardOptions { exit_layer: Some(self.exit_layer), ..ForwardOptions::logits(LogitRows::Last(1)) };
-        let do_sample = self.processor.do_sample();
-        let mut ctx = context.to_vec();
-        let mut feed = context[cached..].to_vec();
-        let mut tokens = Vec::with_capacity(max);
-        let mut qs = Vec::new();
-        let mut confidences = Vec::with_capacity(max);
-        for _ in 0..max {
-            let out = target.forward(&feed, &opts)?;
-            let mut logits = logits_rows(&out)?.pop().unwrap_or_default();
-            if !self.processor.is_noop(ctx.len()) {
-                self.processor.process(&ctx, &mut logits);
-            }
-            let q = softmax(&logits);
-            let token = if do_sample { self.sampler.sample(&q) } else { argmax(&logits) };
-            let confidence = q[token as usize];
-            tokens.push(token);
-            confidences.push(confidence);
-            if self.keep_q {
-                qs.push(q);
-            }
-            ctx.push(token);
-            feed = vec![token];
-            // Transformers' ConfidenceCriteria: the low-confidence token is kept, then drafting stops.
-            let threshold = self.length.confidence_threshold;
-            if self.eos.contains(&token) || (threshold > 0.0 && confidence < threshold) {
-                break;
-            }
-        }
-        self.length.record_probs(&confidences);
-        Ok(Draft { tokens, q: self.keep_q.then_some(qs) })
+        let vocab = target.config().vocab_size;
+        self.drafting.draft(target, &opts, context, context[cached..].to_vec(), max, vocab)
     }
 
     fn observe(&mut self, _: &[u32], proposed: usize, accepted: usize) -> Result<()> {
         // The verification forward already consumed or discarded the drafted positions.
-        self.length.update(proposed, accepted);
+        self.drafting.length.update(proposed, accepted);
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Ways of proposing tokens, one file each. A drafter proposes; it never verifies.
 
 mod assistant;
+mod autoregressive;
 mod backoff;
 mod early_exit;
 mod gemma4_assistant;
