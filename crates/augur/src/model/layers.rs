@@ -296,35 +296,40 @@ pub fn attend(
     softcap: Option<f32>,
     visible: impl Fn(usize) -> (usize, usize) + Sync,
 ) -> Vec<f32> {
-    use rayon::prelude::*;
     let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
     let g = h / n_kv_heads;
     let mut out = vec![0f32; t * h * dv];
-    out.par_chunks_mut(dv).enumerate().for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-        let (row, head) = (idx / h, idx % h);
-        let kvh = head / g;
-        let (first, end) = visible(row);
-        let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
-        scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for j in first..end {
-            let mut s = dot(qv, &cache.key(kvh, j)[..d]) * scale;
-            if let Some(c) = softcap {
-                s = (s / c).tanh() * c;
+    let dst = super::parallel::SharedOut::new(&mut out);
+    super::parallel::for_each_chunk(t * h, |range| {
+        let mut scores = Vec::new();
+        for idx in range {
+            // SAFETY: each (query, head) pair owns its `dv` outputs.
+            let o = unsafe { dst.slice(idx * dv, dv) };
+            let (row, head) = (idx / h, idx % h);
+            let kvh = head / g;
+            let (first, end) = visible(row);
+            let qv = &q[(head * t + row) * d..(head * t + row + 1) * d];
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for j in first..end {
+                let mut s = dot(qv, &cache.key(kvh, j)[..d]) * scale;
+                if let Some(c) = softcap {
+                    s = (s / c).tanh() * c;
+                }
+                max = max.max(s);
+                scores.push(s);
             }
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
-        for (j, p) in (first..end).zip(scores.iter()) {
-            let w = p * inv;
-            for (a, b) in o.iter_mut().zip(&cache.value(kvh, j)[..dv]) {
-                *a += w * b;
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let inv = 1.0 / sum;
+            for (j, p) in (first..end).zip(scores.iter()) {
+                let w = p * inv;
+                for (a, b) in o.iter_mut().zip(&cache.value(kvh, j)[..dv]) {
+                    *a += w * b;
+                }
             }
         }
     });

@@ -13,6 +13,7 @@ pub mod layers;
 mod llama;
 mod moe;
 pub mod mtp;
+mod parallel;
 mod qkernels;
 mod qwen2;
 pub mod weights;

@@ -17,8 +17,8 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
-use rayon::prelude::*;
 
+use super::parallel::{for_each_chunk, SharedOut};
 use crate::error::{Error, Result};
 
 const QK: usize = 32;
@@ -161,21 +161,23 @@ impl BlockMatrix {
         let padded = groups * GROUP;
         let group_bytes = nb * GROUP * self.kind.block_bytes();
         let mut out = vec![0f32; m * padded];
-        let dst = OutPtr(out.as_mut_ptr());
-        (0..groups).into_par_iter().with_min_len(2).for_each(|g| {
-            let w = &self.data[g * group_bytes..(g + 1) * group_bytes];
-            for r0 in (0..m).step_by(TILE) {
-                let rows = TILE.min(m - r0);
-                // SAFETY: `Interleaved` is only built where AVX-512 (F, BW, VNNI) and F16C were detected; `w`
-                // holds `nb` group-blocks of `kind`; each task writes only its own group's 16 columns of `out`
-                // (`[m, padded]`), which outlives the parallel loop.
-                unsafe {
-                    let at = dst.at(r0 * padded + g * GROUP);
-                    match rows {
-                        1 => avx512::group_tile::<1>(self.kind, w, nb, &act, r0, at, padded),
-                        2 => avx512::group_tile::<2>(self.kind, w, nb, &act, r0, at, padded),
-                        3 => avx512::group_tile::<3>(self.kind, w, nb, &act, r0, at, padded),
-                        _ => avx512::group_tile::<TILE>(self.kind, w, nb, &act, r0, at, padded),
+        let dst = SharedOut::new(&mut out);
+        for_each_chunk(groups, |range| {
+            for g in range {
+                let w = &self.data[g * group_bytes..(g + 1) * group_bytes];
+                for r0 in (0..m).step_by(TILE) {
+                    let rows = TILE.min(m - r0);
+                    // SAFETY: `Interleaved` is only built where AVX-512 (F, BW, VNNI) and F16C were detected;
+                    // `w` holds `nb` group-blocks of `kind`; this group's 16 columns of `out` (`[m, padded]`)
+                    // are written by this task only.
+                    unsafe {
+                        let at = dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP);
+                        match rows {
+                            1 => avx512::group_tile::<1>(self.kind, w, nb, &act, r0, at, padded),
+                            2 => avx512::group_tile::<2>(self.kind, w, nb, &act, r0, at, padded),
+                            3 => avx512::group_tile::<3>(self.kind, w, nb, &act, r0, at, padded),
+                            _ => avx512::group_tile::<TILE>(self.kind, w, nb, &act, r0, at, padded),
+                        }
                     }
                 }
             }
@@ -194,10 +196,13 @@ impl BlockMatrix {
         // `[n, m]`: each weight row gives its m outputs together; transposed at the end.
         let mut out_t = vec![0f32; n * m];
         let simd = Simd::detect();
-        out_t.par_chunks_mut(m * ROWS_PER_TASK).enumerate().for_each(|(task, chunk)| {
-            let first = task * ROWS_PER_TASK;
+        let dst = SharedOut::new(&mut out_t);
+        for_each_chunk(n, |range| {
+            // SAFETY: the chunks of weight rows are disjoint, and so are their outputs.
+            let chunk = unsafe { dst.slice(range.start * m, range.len() * m) };
             for (i, outs) in chunk.chunks_mut(m).enumerate() {
-                let w = &self.data[(first + i) * row_bytes..(first + i + 1) * row_bytes];
+                let row = range.start + i;
+                let w = &self.data[row * row_bytes..(row + 1) * row_bytes];
                 for (tile, o) in outs.chunks_mut(TILE).enumerate() {
                     let rows = tile * TILE..tile * TILE + o.len();
                     dot_rows(self.kind, simd, w, &act[rows.start * nb..rows.end * nb], o);
@@ -219,21 +224,6 @@ impl BlockMatrix {
 
 /// Activation rows that share one unpacking of each weight block.
 const TILE: usize = 4;
-
-/// The output buffer, shared by the parallel tasks that each write their own columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: the tasks write disjoint elements and the buffer outlives them (see `matmul_interleaved`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// # Safety
-    /// `offset` is within the buffer.
-    unsafe fn at(self, offset: usize) -> *mut f32 {
-        self.0.add(offset)
-    }
-}
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
 /// multiple of 16) are zero blocks, whose scale 0 makes their products 0.
@@ -310,9 +300,6 @@ impl Q8Rows {
         rows
     }
 }
-
-/// Weight rows per parallel task: enough work to amortize scheduling, small enough to balance two cores.
-const ROWS_PER_TASK: usize = 32;
 
 /// llama.cpp's `quantize_row_q8_1` for one block.
 fn quantize_block(x: &[f32]) -> Q8Block {
