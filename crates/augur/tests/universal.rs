@@ -36,19 +36,31 @@ impl<D: Drafter> Drafter for Recording<D> {
     }
 }
 
+/// Our drafts and acceptances equal Transformers' per-round candidates (`universal.json`), with
+/// `cost_aware_drafting` off (Transformers drafts every round). Two Transformers 5.24 defects would otherwise make
+/// the rounds differ (the final tokens never do), and the golden is recorded around them (see
+/// tools/fixtures/generate_universal.py):
+/// - the assistant's attention mask is inferred from the *target's* pad id, so assistant tokens with that id are
+///   masked out of its input; the golden passes a target pad id outside the assistant's vocabulary, where the
+///   defect cannot reach (`pad_defect` records that the target's own pad id, 0 = the assistant's `<unk>`, changes
+///   the drafts of the first run);
+/// - the assistant's cache is cropped to `len − 2 − remove_from_pkv`, which keeps stale keys and values when the
+///   re-encoded target tokens replace some and add more than two; in the one run where that happens, we compare
+///   with `rounds_cache_fixed` (Transformers with only those stale entries cropped), and the rounds before
+///   `first_stale_round` are Transformers' own, checked here to equal the fixed ones.
 #[test]
-#[ignore = "open: our drafts diverge from Transformers' recorded rounds (19 rounds vs 15 on the first run); outputs stay lossless"]
 fn greedy_drafts_match_transformers_round_by_round() {
     let g = golden("universal.json");
     let mut target = load(&fixtures().join("tiny-llama"), false);
     let mut assistant = load(&fixtures().join(ASSISTANT), false);
     let max_new = g["max_new_tokens"].as_u64().unwrap() as usize;
-    let mut rounds_checked = 0;
-    let mut accepted_total = 0;
+    let (mut rounds_checked, mut accepted_total) = (0, 0);
     for config in g["configs"].as_array().unwrap() {
         let settings = config["settings_on_assistant_generation_config"].as_object().unwrap();
         let mut options = GenerationOptions::from_json_map(settings).unwrap();
         options.merge(&greedy(max_new));
+        // The cost model skips drafting on timings; Transformers drafts every round.
+        options.cost_aware_drafting = Some(false);
         let cfg = GenerationConfig::from_options(&options);
         for run in config["runs"].as_array().unwrap() {
             let prompt = ids(&run["input_ids"]);
@@ -61,7 +73,19 @@ fn greedy_drafts_match_transformers_round_by_round() {
             speculative::generate(target.model.as_mut(), &mut drafter, &cfg, &mut emitter, &mut stats).unwrap();
             let out = emitter.into_output(stats);
             assert_eq!(out.tokens, ids(&run["output"]), "{settings:?} {:?}", run["text"]);
-            let want = run["rounds"].as_array().unwrap();
+            let transformers = run["rounds"].as_array().unwrap();
+            let want = match run.get("rounds_cache_fixed") {
+                Some(fixed) => {
+                    let fixed = fixed.as_array().unwrap();
+                    let first_stale = run["first_stale_round"].as_u64().unwrap() as usize;
+                    for (raw, fix) in transformers.iter().zip(fixed).take(first_stale) {
+                        assert_eq!(raw["draft"], fix["draft"]);
+                        assert_eq!(raw["n"], fix["n"]);
+                    }
+                    fixed
+                }
+                None => transformers,
+            };
             assert_eq!(drafter.drafts.len(), want.len(), "rounds for {settings:?} {:?}", run["text"]);
             for (i, (got, r)) in drafter.drafts.iter().zip(want).enumerate() {
                 let cur_len = r["cur_len"].as_u64().unwrap() as usize;
@@ -77,7 +101,7 @@ fn greedy_drafts_match_transformers_round_by_round() {
             }
         }
     }
-    assert!(rounds_checked > 20, "{rounds_checked} rounds");
+    assert!(rounds_checked > 100, "{rounds_checked} rounds");
     assert!(accepted_total > 0, "no draft was ever accepted: the golden exercises no multi-token round");
 }
 
