@@ -36,19 +36,31 @@ impl<D: Drafter> Drafter for Recording<D> {
     }
 }
 
+/// Our drafts and acceptances equal Transformers' per-round candidates (`universal.json`), with
+/// `cost_aware_drafting` off (Transformers drafts every round). Two Transformers 5.24 defects would otherwise make
+/// the rounds differ (the final tokens never do), and the golden is recorded around them (see
+/// tools/fixtures/generate_universal.py):
+/// - the assistant's attention mask is inferred from the *target's* pad id, so assistant tokens with that id are
+///   masked out of its input; the golden passes a target pad id outside the assistant's vocabulary, where the
+///   defect cannot reach (`pad_defect` records that the target's own pad id, 0 = the assistant's `<unk>`, changes
+///   the drafts of the first run);
+/// - the assistant's cache is cropped to `len − 2 − remove_from_pkv`, which keeps stale keys and values when the
+///   re-encoded target tokens replace some and add more than two; in the one run where that happens, we compare
+///   with `rounds_cache_fixed` (Transformers with only those stale entries cropped), and the rounds before
+///   `first_stale_round` are Transformers' own, checked here to equal the fixed ones.
 #[test]
-#[ignore = "open: our drafts diverge from Transformers' recorded rounds (19 rounds vs 15 on the first run); outputs stay lossless"]
 fn greedy_drafts_match_transformers_round_by_round() {
     let g = golden("universal.json");
     let mut target = load(&fixtures().join("tiny-llama"), false);
     let mut assistant = load(&fixtures().join(ASSISTANT), false);
     let max_new = g["max_new_tokens"].as_u64().unwrap() as usize;
-    let mut rounds_checked = 0;
-    let mut accepted_total = 0;
+    let (mut rounds_checked, mut accepted_total) = (0, 0);
     for config in g["configs"].as_array().unwrap() {
         let settings = config["settings_on_assistant_generation_config"].as_object().unwrap();
         let mut options = GenerationOptions::from_json_map(settings).unwrap();
         options.merge(&greedy(max_new));
+        // The cost model skips drafting on timings; Transformers drafts every round.
+        options.cost_aware_drafting = Some(false);
         let cfg = GenerationConfig::from_options(&options);
         for run in config["runs"].as_array().unwrap() {
             let prompt = ids(&run["input_ids"]);
@@ -61,7 +73,19 @@ fn greedy_drafts_match_transformers_round_by_round() {
             speculative::generate(target.model.as_mut(), &mut drafter, &cfg, &mut emitter, &mut stats).unwrap();
             let out = emitter.into_output(stats);
             assert_eq!(out.tokens, ids(&run["output"]), "{settings:?} {:?}", run["text"]);
-            let want = run["rounds"].as_array().unwrap();
+            let transformers = run["rounds"].as_array().unwrap();
+            let want = match run.get("rounds_cache_fixed") {
+                Some(fixed) => {
+                    let fixed = fixed.as_array().unwrap();
+                    let first_stale = run["first_stale_round"].as_u64().unwrap() as usize;
+                    for (raw, fix) in transformers.iter().zip(fixed).take(first_stale) {
+                        assert_eq!(raw["draft"], fix["draft"]);
+                        assert_eq!(raw["n"], fix["n"]);
+                    }
+                    fixed
+                }
+                None => transformers,
+            };
             assert_eq!(drafter.drafts.len(), want.len(), "rounds for {settings:?} {:?}", run["text"]);
             for (i, (got, r)) in drafter.drafts.iter().zip(want).enumerate() {
                 let cur_len = r["cur_len"].as_u64().unwrap() as usize;
@@ -77,7 +101,7 @@ fn greedy_drafts_match_transformers_round_by_round() {
             }
         }
     }
-    assert!(rounds_checked > 20, "{rounds_checked} rounds");
+    assert!(rounds_checked > 100, "{rounds_checked} rounds");
     assert!(accepted_total > 0, "no draft was ever accepted: the golden exercises no multi-token round");
 }
 
@@ -177,6 +201,8 @@ fn sampling(seed: u64) -> GenerationOptions {
         seed: Some(seed),
         num_assistant_tokens: Some(3),
         assistant_confidence_threshold: Some(0.0),
+        // The cost model drafts or not on timings: seeded draws are reproducible only without it.
+        cost_aware_drafting: Some(false),
         ..greedy(2)
     }
 }
@@ -212,11 +238,15 @@ fn universal_sampling_keeps_the_target_distribution() {
 /// Transformers 5.24's layout of `q` (spec 8.4): the pruned LM head's column `k` is assistant token
 /// `overlap[k]`, in the iteration order of the assistant's vocabulary dict (here: by token string, one order a
 /// hash map may give), but its probability is written at the target id of the `k`-th overlapping assistant
-/// token in ascending id order. The drafted tokens themselves are right.
+/// token in ascending id order. The drafted tokens themselves are right, and are verified as Transformers
+/// verifies them: a draft whose misplaced `q` is 0 has `p/q = ∞` and is accepted whenever `p > 0`.
 struct Misaligned<'m, 't> {
     inner: UniversalSampling<'m, 't>,
     /// `(from, to)` target ids: `q_transformers[to] = q[from]`.
     moves: Vec<(usize, usize)>,
+    /// Drafts, and those whose misplaced `q` was 0.
+    drafted: usize,
+    zero_q: usize,
 }
 
 impl<'m, 't> Misaligned<'m, 't> {
@@ -230,7 +260,7 @@ impl<'m, 't> Misaligned<'m, 't> {
             .zip(&ascending)
             .map(|(&col, &slot)| (a2t[col].unwrap() as usize, a2t[slot].unwrap() as usize))
             .collect();
-        Self { inner, moves }
+        Self { inner, moves, drafted: 0, zero_q: 0 }
     }
 }
 
@@ -240,10 +270,17 @@ impl Drafter for Misaligned<'_, '_> {
     }
     fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> augur::Result<Draft> {
         let mut d = self.inner.propose(target, context, max)?;
-        for q in d.q.iter_mut().flatten() {
+        for (q, &token) in d.q.iter_mut().flatten().zip(&d.tokens) {
             let mut moved = vec![0.0; q.len()];
             for &(from, to) in &self.moves {
                 moved[to] = q[from];
+            }
+            // Transformers accepts a draft whose q is 0 (p/q = ∞); our verifier refuses it (it cannot have been
+            // drawn). The smallest positive q is accepted whenever p > 0, as by Transformers.
+            self.drafted += 1;
+            if moved[token as usize] == 0.0 {
+                moved[token as usize] = f32::MIN_POSITIVE;
+                self.zero_q += 1;
             }
             *q = moved;
         }
@@ -254,14 +291,18 @@ impl Drafter for Misaligned<'_, '_> {
     }
 }
 
+/// The same chi-square as `universal_sampling_keeps_the_target_distribution` (same prompt, options and draws)
+/// catches Transformers' misplaced `q`: most drafts then have `q = 0` and are accepted outright, so the first
+/// token follows the assistant's distribution instead of the target's (statistic ≈ 3000 against a critical
+/// value ≈ 67, where ours gives ≈ 19).
 #[test]
-#[ignore = "open: on this prompt the misaligned q gives chi-square 34 < 67, not yet a discriminating setup"]
 fn transformers_misaligned_q_fails_the_test() {
     let prompt = sampling_prompt();
     let plain = plain_draws(&prompt);
     let mut target = load(&fixtures().join("tiny-llama"), false);
     let mut assistant = load(&fixtures().join(ASSISTANT), false);
     let vocab = target.config().vocab_size;
+    let (mut drafted, mut zero_q) = (0, 0);
     let misplaced = histogram(DRAWS, |s| {
         let cfg = GenerationConfig::from_options(&sampling(s));
         target.model.truncate(0);
@@ -273,8 +314,10 @@ fn transformers_misaligned_q_fails_the_test() {
         let mut emitter = Emitter::new(&target.tokenizer, &prompt, 2, vec![], vec![], None);
         let mut stats = GenerationStats::default();
         speculative::generate(target.model.as_mut(), &mut drafter, &cfg, &mut emitter, &mut stats).unwrap();
+        (drafted, zero_q) = (drafted + drafter.drafted, zero_q + drafter.zero_q);
         emitter.into_output(stats).tokens
     });
+    assert!(zero_q * 2 > drafted, "only {zero_q} of {drafted} drafts had a misplaced q of 0");
     let (stat, critical) = chi_square(&plain, &misplaced);
     assert!(stat > critical, "the misaligned q went unnoticed: chi-square {stat:.1} < {critical:.1}");
 }

@@ -7,7 +7,11 @@
 //! - the assistant-side window start is clamped at 0 (Transformers' negative slice keeps only the *last*
 //!   tokens of the assistant's sequence and can drop drafts);
 //! - the assistant's cache keeps the longest prefix of what it holds that still equals the new assistant
-//!   sequence (Transformers crops more, recomputing tokens that still align);
+//!   sequence (Transformers' `len − 2 − remove_from_pkv` often crops more, recomputing tokens that still align,
+//!   but when the re-encoded target tokens replace some and add more than two it keeps the stale keys and values
+//!   of replaced tokens, and drafts from a context that is not the assistant's input);
+//! - the assistant attends to all of its input (Transformers infers its attention mask from the *target's* pad
+//!   id whenever EOS differs from it, masking out assistant tokens that happen to have that id);
 //! - the assistant drafts with its plain argmax and stops on its own EOS tokens: the target's processors and
 //!   EOS ids index the target's vocabulary, so Transformers applies them to the wrong tokens.
 
