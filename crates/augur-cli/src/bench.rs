@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use augur::generation::config::GenerationOptions;
 use augur::model::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{Pipeline, Prompt};
@@ -16,7 +16,10 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::speculation::{self, SpeculationArgs};
+
 #[derive(Args)]
+#[command(mut_arg("prompt_lookup_num_tokens", |a| a.default_value("10")))]
 pub struct BenchArgs {
     /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
     #[arg(long)]
@@ -44,26 +47,15 @@ pub struct BenchArgs {
     /// Spec-Bench mode: only these categories (comma-separated).
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
-    /// Spec-Bench mode: methods compared with plain decoding: prompt_lookup, assistant_model.
+    /// Spec-Bench mode: methods compared with plain decoding: prompt_lookup, assistant_model (universal assisted
+    /// decoding when the assistant's tokenizer differs), early_exit (needs --assistant-early-exit), mtp.
     #[arg(long, value_delimiter = ',', default_value = "prompt_lookup")]
     methods: Vec<String>,
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
-    #[arg(long)]
-    assistant_model: Option<String>,
-    #[arg(long, default_value_t = 10)]
-    prompt_lookup_num_tokens: usize,
-    #[arg(long)]
-    max_matching_ngram_size: Option<usize>,
-    #[arg(long)]
-    num_assistant_tokens: Option<usize>,
-    #[arg(long)]
-    num_assistant_tokens_schedule: Option<String>,
-    #[arg(long)]
-    assistant_confidence_threshold: Option<f32>,
-    /// Cap drafts by their measured cost (default true); false gives Transformers' round structure.
-    #[arg(long)]
-    cost_aware_drafting: Option<bool>,
+    /// Spec-Bench mode: the methods' options (prompt lookup copies 10 tokens unless told otherwise).
+    #[command(flatten)]
+    speculation: SpeculationArgs,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -77,9 +69,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut pipe = Pipeline::load(args.model.as_deref())?;
     let result = match &args.prompts {
         Some(p) => {
-            if let Some(a) = &args.assistant_model {
-                pipe = pipe.with_assistant(a)?;
-            }
+            pipe = args.speculation.attach_assistant(pipe)?;
             spec_bench(&mut pipe, &args, p)?
         }
         None => speed(&mut pipe, &args)?,
@@ -175,6 +165,9 @@ struct Run {
     question_id: u64,
     category: String,
     method: String,
+    /// The drafter that ran (the stats' method): `assistant_model` runs as `universal_assisted` when the
+    /// assistant's tokenizer differs from the target's.
+    ran: String,
     new_tokens: usize,
     seconds: f64,
     target_forwards: usize,
@@ -187,6 +180,8 @@ struct Run {
 #[derive(Debug, Default, Clone, Serialize)]
 struct Summary {
     prompts: usize,
+    /// The drafters that ran, comma-separated.
+    ran: String,
     new_tokens: usize,
     seconds: f64,
     target_forwards: usize,
@@ -200,29 +195,34 @@ struct Summary {
 }
 
 fn method_options(args: &BenchArgs, method: &str) -> Result<GenerationOptions> {
-    let mut o = GenerationOptions {
+    let spec = &args.speculation;
+    let base = GenerationOptions {
         max_new_tokens: Some(args.max_new_tokens),
         do_sample: Some(false),
-        cost_aware_drafting: args.cost_aware_drafting,
+        cost_aware_drafting: spec.cost_aware_drafting,
         ..Default::default()
     };
     match method {
-        "plain" => {}
-        "prompt_lookup" => {
-            o.prompt_lookup_num_tokens = Some(args.prompt_lookup_num_tokens);
-            o.max_matching_ngram_size = args.max_matching_ngram_size;
-        }
-        "assistant_model" => {
-            if args.assistant_model.is_none() {
-                bail!("the assistant_model method needs --assistant-model");
-            }
-            o.num_assistant_tokens = args.num_assistant_tokens;
-            o.num_assistant_tokens_schedule = args.num_assistant_tokens_schedule.clone();
-            o.assistant_confidence_threshold = args.assistant_confidence_threshold;
-        }
-        other => bail!("unknown method {other:?} (expected prompt_lookup or assistant_model)"),
+        "plain" => return Ok(base),
+        "assistant_model" if spec.assistant_model.is_none() => bail!("the assistant_model method needs --assistant-model"),
+        "early_exit" if spec.assistant_early_exit.is_none() => bail!("the early_exit method needs --assistant-early-exit L"),
+        _ => {}
     }
+    let mut o = speculation::method_options(method, &spec.options()).map_err(|e| anyhow!("--methods: {e}"))?;
+    o.merge(&base);
     Ok(o)
+}
+
+/// Flags that only one method reads, given without that method, would be silently ignored.
+fn check_method_flags(args: &BenchArgs) -> Result<()> {
+    let has = |m: &str| args.methods.iter().any(|x| x == m);
+    if args.speculation.assistant_early_exit.is_some() && !has("early_exit") {
+        bail!("--assistant-early-exit is read by the early_exit method only: add it to --methods");
+    }
+    if args.speculation.use_mtp && !has("mtp") {
+        bail!("--use-mtp: compare multi-token prediction with --methods mtp");
+    }
+    Ok(())
 }
 
 /// The first `limit` first-turn prompts of each category, in file order.
@@ -252,6 +252,7 @@ fn load_prompts(path: &PathBuf, limit: usize, categories: &[String]) -> Result<V
 }
 
 fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<Value> {
+    check_method_flags(args)?;
     let prompts = load_prompts(path, args.limit, &args.categories)?;
     let mut methods = vec!["plain".to_string()];
     methods.extend(args.methods.iter().filter(|m| *m != "plain").cloned());
@@ -288,13 +289,14 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
             }
             let s = &out.stats;
             eprintln!(
-                "{id:>4} {category:<14} {method:<16} {:>4} tokens {:>7.2} s {:>6.1} tok/s {:>5.2} tok/forward",
-                s.new_tokens, s.seconds, s.tokens_per_s, s.mean_accepted_per_forward
+                "{id:>4} {category:<14} {method:<16} {:>4} tokens {:>7.2} s {:>6.1} tok/s {:>5.2} tok/forward ({})",
+                s.new_tokens, s.seconds, s.tokens_per_s, s.mean_accepted_per_forward, s.method
             );
             runs.push(Run {
                 question_id: *id,
                 category: category.clone(),
                 method: method.clone(),
+                ran: s.method.clone(),
                 new_tokens: s.new_tokens,
                 seconds: s.seconds,
                 target_forwards: s.target_forwards,
@@ -310,7 +312,9 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
     print_table(&methods, &summaries);
     Ok(json!({
         "model": pipe.target.path.display().to_string(),
-        "assistant_model": args.assistant_model,
+        "assistant_model": args.speculation.assistant_model,
+        "assistant_tokenizer": args.speculation.assistant_tokenizer,
+        "assistant_early_exit": args.speculation.assistant_early_exit,
         "threads": rayon::current_num_threads(),
         "max_new_tokens": args.max_new_tokens,
         "limit_per_category": args.limit,
@@ -327,6 +331,12 @@ fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
         for cat in [r.category.as_str(), "overall"] {
             let s = out.entry(cat.to_string()).or_default().entry(r.method.clone()).or_default();
             s.prompts += 1;
+            if !s.ran.split(',').any(|m| m == r.ran) {
+                if !s.ran.is_empty() {
+                    s.ran.push(',');
+                }
+                s.ran.push_str(&r.ran);
+            }
             s.new_tokens += r.new_tokens;
             s.seconds += r.seconds;
             s.target_forwards += r.target_forwards;
@@ -349,16 +359,17 @@ fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
 
 fn print_table(methods: &[String], summaries: &BTreeMap<String, BTreeMap<String, Summary>>) {
     println!(
-        "| category | method | prompts | tok/s | speedup | tokens/forward | acceptance | identical to plain |"
+        "| category | method | ran as | prompts | tok/s | speedup | tokens/forward | acceptance | identical to plain |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
     let overall = "overall".to_string();
     let order = summaries.keys().filter(|k| **k != overall).chain(std::iter::once(&overall));
     for cat in order {
         for m in methods {
             if let Some(s) = summaries.get(cat).and_then(|c| c.get(m)) {
                 println!(
-                    "| {cat} | {m} | {} | {:.1} | {:.2}x | {:.2} | {:.0}% | {}/{} |",
+                    "| {cat} | {m} | {} | {} | {:.1} | {:.2}x | {:.2} | {:.0}% | {}/{} |",
+                    s.ran,
                     s.prompts,
                     s.tokens_per_s,
                     s.speedup,

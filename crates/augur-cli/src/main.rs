@@ -9,8 +9,11 @@ use augur::pipeline::{LoadedLm, Pipeline, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::{Args, Parser, Subcommand};
 
-mod serve;
 mod bench;
+mod serve;
+mod speculation;
+
+use speculation::SpeculationArgs;
 
 #[derive(Parser)]
 #[command(name = "augur", version, about = "Assisted (speculative) decoding for LLMs, with Transformers' semantics")]
@@ -82,37 +85,8 @@ struct GenerateArgs {
     /// Print one JSON object {text, tokens, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// A smaller model that drafts tokens for the target (with another tokenizer: universal assisted decoding).
-    #[arg(long)]
-    assistant_model: Option<String>,
-    /// The assistant's tokenizer (a tokenizer.json, or a directory holding one) when it is not stored with it.
-    #[arg(long, requires = "assistant_model")]
-    assistant_tokenizer: Option<PathBuf>,
-    /// Prompt lookup decoding: copy up to this many tokens from earlier n-gram matches.
-    #[arg(long)]
-    prompt_lookup_num_tokens: Option<usize>,
-    #[arg(long)]
-    max_matching_ngram_size: Option<usize>,
-    #[arg(long)]
-    num_assistant_tokens: Option<usize>,
-    /// constant, heuristic or heuristic_transient.
-    #[arg(long)]
-    num_assistant_tokens_schedule: Option<String>,
-    #[arg(long)]
-    assistant_confidence_threshold: Option<f32>,
-    /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
-    /// true); false gives Transformers' exact round structure.
-    #[arg(long)]
-    cost_aware_drafting: Option<bool>,
-    /// Draft with the checkpoint's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5), one token per layer.
-    #[arg(long)]
-    use_mtp: bool,
-    /// Self-speculation: the target's first L layers draft (LayerSkip); takes precedence over the other drafters.
-    #[arg(long, value_name = "L")]
-    assistant_early_exit: Option<usize>,
-    /// Lossy static ensemble verification: accept drafts against w·p_target + (1−w)·q_draft, 0 < w < 1.
-    #[arg(long, value_name = "W")]
-    assistant_ensemble_weight: Option<f32>,
+    #[command(flatten)]
+    speculation: SpeculationArgs,
 }
 
 impl GenerateArgs {
@@ -129,16 +103,7 @@ impl GenerateArgs {
             seed: self.seed,
             stop_strings: (!self.stop.is_empty()).then(|| self.stop.clone()),
             eos_token_id: (!self.eos_token_id.is_empty()).then(|| self.eos_token_id.clone()),
-            prompt_lookup_num_tokens: self.prompt_lookup_num_tokens,
-            max_matching_ngram_size: self.max_matching_ngram_size,
-            num_assistant_tokens: self.num_assistant_tokens,
-            num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
-            assistant_confidence_threshold: self.assistant_confidence_threshold,
-            cost_aware_drafting: self.cost_aware_drafting,
-            use_mtp: self.use_mtp.then_some(true),
-            assistant_early_exit: self.assistant_early_exit,
-            assistant_ensemble_weight: self.assistant_ensemble_weight,
-            ..Default::default()
+            ..self.speculation.options()
         }
     }
 
@@ -180,13 +145,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     } else {
         Prompt::Text(text)
     };
-    let mut pipe = Pipeline::load(args.model.as_deref())?;
-    if let Some(a) = &args.assistant_model {
-        pipe = pipe.with_assistant(a)?;
-        if let Some(t) = &args.assistant_tokenizer {
-            pipe = pipe.with_assistant_tokenizer(t)?;
-        }
-    }
+    let mut pipe = args.speculation.attach_assistant(Pipeline::load(args.model.as_deref())?)?;
     let options = args.options();
     if args.json {
         let out = pipe.generate(&prompt, &options, None)?;

@@ -144,30 +144,7 @@ fn speculation(v: Option<&Value>) -> Result<Speculation, ApiError> {
     let options = match method {
         "off" | "none" => return Ok(Speculation::Off),
         "default" => return Ok(Speculation::Default),
-        "prompt_lookup" => GenerationOptions {
-            prompt_lookup_num_tokens: Some(options.prompt_lookup_num_tokens.unwrap_or(10)),
-            max_matching_ngram_size: options.max_matching_ngram_size,
-            ..Default::default()
-        },
-        "assistant_model" => GenerationOptions {
-            num_assistant_tokens: options.num_assistant_tokens,
-            num_assistant_tokens_schedule: options.num_assistant_tokens_schedule,
-            assistant_confidence_threshold: options.assistant_confidence_threshold,
-            ..Default::default()
-        },
-        "early_exit" => GenerationOptions {
-            assistant_early_exit: Some(options.assistant_early_exit.ok_or_else(|| {
-                bad("speculation method `early_exit` needs `assistant_early_exit` (a layer count)".into())
-            })?),
-            num_assistant_tokens: options.num_assistant_tokens,
-            ..Default::default()
-        },
-        "mtp" => GenerationOptions { use_mtp: Some(true), ..Default::default() },
-        other => {
-            return Err(bad(format!(
-                "unknown speculation method `{other}` (prompt_lookup, assistant_model, early_exit, mtp or off)"
-            )))
-        }
+        m => crate::speculation::method_options(m, &options).map_err(|e| bad(format!("speculation {e}")))?,
     };
     Ok(Speculation::Method(options))
 }

@@ -31,7 +31,11 @@ use serde_json::json;
 use api::{ApiError, CompletionRequest, Meta, Speculation};
 use metrics::Metrics;
 
+use crate::speculation::SpeculationArgs;
+
 #[derive(Args)]
+#[command(after_help = "The speculation flags, as for `generate`, set each request's default speculation; a request \
+                       overrides it with its `speculation` field.")]
 pub struct ServeArgs {
     /// A GGUF file, a model directory or a Hugging Face repo id in the local cache (default: the default model).
     #[arg(long)]
@@ -60,23 +64,8 @@ pub struct ServeArgs {
     /// Worker threads for the tensor kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Default speculation, as for `generate`; a request overrides it with its `speculation` field.
-    #[arg(long)]
-    assistant_model: Option<String>,
-    #[arg(long)]
-    prompt_lookup_num_tokens: Option<usize>,
-    #[arg(long)]
-    max_matching_ngram_size: Option<usize>,
-    #[arg(long)]
-    num_assistant_tokens: Option<usize>,
-    #[arg(long)]
-    num_assistant_tokens_schedule: Option<String>,
-    #[arg(long)]
-    assistant_confidence_threshold: Option<f32>,
-    #[arg(long)]
-    assistant_early_exit: Option<usize>,
-    #[arg(long)]
-    use_mtp: bool,
+    #[command(flatten)]
+    speculation: SpeculationArgs,
 }
 
 /// Admission: at most `slots` sequences run, at most `queue` wait.
@@ -160,26 +149,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--parallel must be at least 1");
     }
     super::set_threads(args.threads)?;
-    let mut pipe = Pipeline::load(args.model.as_deref())?;
-    if let Some(a) = &args.assistant_model {
-        pipe = pipe.with_assistant(a)?;
-    }
+    let pipe = args.speculation.attach_assistant(Pipeline::load(args.model.as_deref())?)?;
     // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
     let first = pipe.fork()?;
     let path = pipe.target.path.clone();
     let model_id = args.served_model_name.clone().unwrap_or_else(|| {
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
     });
-    let speculation = GenerationOptions {
-        prompt_lookup_num_tokens: args.prompt_lookup_num_tokens,
-        max_matching_ngram_size: args.max_matching_ngram_size,
-        num_assistant_tokens: args.num_assistant_tokens,
-        num_assistant_tokens_schedule: args.num_assistant_tokens_schedule.clone(),
-        assistant_confidence_threshold: args.assistant_confidence_threshold,
-        assistant_early_exit: args.assistant_early_exit,
-        use_mtp: args.use_mtp.then_some(true),
-        ..Default::default()
-    };
+    let speculation = args.speculation.options();
     let server = Arc::new(Server {
         aliases: args.model.iter().cloned().chain([path.display().to_string()]).collect(),
         model_id,

@@ -1,0 +1,104 @@
+//! The speculation flags shared by `generate`, `bench` and `serve`: declared once, converted once.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use augur::generation::config::GenerationOptions;
+use augur::pipeline::Pipeline;
+use clap::Args;
+
+#[derive(Args)]
+pub struct SpeculationArgs {
+    /// A smaller model that drafts tokens for the target (with another tokenizer: universal assisted decoding).
+    #[arg(long)]
+    pub assistant_model: Option<String>,
+    /// The assistant's tokenizer (a tokenizer.json, or a directory holding one) when it is not stored with it.
+    #[arg(long, requires = "assistant_model")]
+    pub assistant_tokenizer: Option<PathBuf>,
+    /// Prompt lookup decoding: copy up to this many tokens from earlier n-gram matches.
+    #[arg(long)]
+    pub prompt_lookup_num_tokens: Option<usize>,
+    #[arg(long)]
+    pub max_matching_ngram_size: Option<usize>,
+    #[arg(long)]
+    pub num_assistant_tokens: Option<usize>,
+    /// constant, heuristic or heuristic_transient.
+    #[arg(long)]
+    pub num_assistant_tokens_schedule: Option<String>,
+    #[arg(long)]
+    pub assistant_confidence_threshold: Option<f32>,
+    /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
+    /// true); false gives Transformers' exact round structure.
+    #[arg(long)]
+    pub cost_aware_drafting: Option<bool>,
+    /// Draft with the checkpoint's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5), one token per layer.
+    #[arg(long)]
+    pub use_mtp: bool,
+    /// Self-speculation: the target's first L layers draft (LayerSkip); takes precedence over the other drafters.
+    #[arg(long, value_name = "L")]
+    pub assistant_early_exit: Option<usize>,
+    /// Lossy static ensemble verification: accept drafts against w·p_target + (1−w)·q_draft, 0 < w < 1.
+    #[arg(long, value_name = "W")]
+    pub assistant_ensemble_weight: Option<f32>,
+}
+
+impl SpeculationArgs {
+    /// The speculation fields of the generation options; the others are left unset.
+    pub fn options(&self) -> GenerationOptions {
+        GenerationOptions {
+            prompt_lookup_num_tokens: self.prompt_lookup_num_tokens,
+            max_matching_ngram_size: self.max_matching_ngram_size,
+            num_assistant_tokens: self.num_assistant_tokens,
+            num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
+            assistant_confidence_threshold: self.assistant_confidence_threshold,
+            cost_aware_drafting: self.cost_aware_drafting,
+            use_mtp: self.use_mtp.then_some(true),
+            assistant_early_exit: self.assistant_early_exit,
+            assistant_ensemble_weight: self.assistant_ensemble_weight,
+            ..Default::default()
+        }
+    }
+
+    /// Attaches `--assistant-model` (and its `--assistant-tokenizer`) to the pipeline, when given.
+    pub fn attach_assistant(&self, mut pipe: Pipeline) -> Result<Pipeline> {
+        if let Some(a) = &self.assistant_model {
+            pipe = pipe.with_assistant(a)?;
+            if let Some(t) = &self.assistant_tokenizer {
+                pipe = pipe.with_assistant_tokenizer(t)?;
+            }
+        }
+        Ok(pipe)
+    }
+}
+
+/// The speculation methods `bench --methods` and a request's `speculation.method` name.
+pub const METHODS: &str = "prompt_lookup, assistant_model, early_exit, mtp";
+
+/// The options of one speculation method: the fields of `o` that this method reads, so that the flags or request
+/// fields of other methods do not switch it to another drafter (the pipeline picks the drafter by which fields are
+/// set). `assistant_model` drafts with the pipeline's assistant, by the method that its tokenizer allows.
+pub fn method_options(method: &str, o: &GenerationOptions) -> Result<GenerationOptions, String> {
+    let model_drafter = GenerationOptions {
+        num_assistant_tokens: o.num_assistant_tokens,
+        num_assistant_tokens_schedule: o.num_assistant_tokens_schedule.clone(),
+        assistant_confidence_threshold: o.assistant_confidence_threshold,
+        assistant_ensemble_weight: o.assistant_ensemble_weight,
+        ..Default::default()
+    };
+    Ok(match method {
+        "prompt_lookup" => GenerationOptions {
+            prompt_lookup_num_tokens: Some(o.prompt_lookup_num_tokens.unwrap_or(10)),
+            max_matching_ngram_size: o.max_matching_ngram_size,
+            ..Default::default()
+        },
+        "assistant_model" => model_drafter,
+        "early_exit" => GenerationOptions {
+            assistant_early_exit: Some(
+                o.assistant_early_exit.ok_or("method `early_exit` needs `assistant_early_exit` (a layer count)")?,
+            ),
+            ..model_drafter
+        },
+        "mtp" => GenerationOptions { use_mtp: Some(true), ..Default::default() },
+        other => return Err(format!("method `{other}` is unknown (expected {METHODS})")),
+    })
+}
