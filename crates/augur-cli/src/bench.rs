@@ -55,7 +55,7 @@ pub struct BenchArgs {
     max_new_tokens: usize,
     /// Spec-Bench mode: the methods' options (prompt lookup copies 10 tokens unless told otherwise).
     #[command(flatten)]
-    speculation: SpeculationArgs,
+    pub(crate) speculation: SpeculationArgs,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -380,5 +380,38 @@ fn print_table(methods: &[String], summaries: &BTreeMap<String, BTreeMap<String,
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn args(extra: &[&str]) -> BenchArgs {
+        let argv = ["augur", "bench", "--prompts=q.jsonl", "--max-new-tokens=7"].into_iter().chain(extra.iter().copied());
+        match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}")).command {
+            Command::Bench(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn early_exit_method_needs_its_layer_count_and_the_other_way_round() {
+        let a = args(&["--methods=early_exit", "--assistant-early-exit=4", "--num-assistant-tokens=3"]);
+        check_method_flags(&a).unwrap();
+        let o = method_options(&a, "early_exit").unwrap();
+        assert_eq!((o.assistant_early_exit, o.num_assistant_tokens), (Some(4), Some(3)));
+        assert_eq!((o.max_new_tokens, o.do_sample, o.prompt_lookup_num_tokens), (Some(7), Some(false), None));
+        let plain = method_options(&a, "plain").unwrap();
+        assert_eq!((plain.assistant_early_exit, plain.num_assistant_tokens), (None, None));
+        let missing = method_options(&args(&["--methods=early_exit"]), "early_exit").unwrap_err();
+        assert!(missing.to_string().contains("--assistant-early-exit"), "{missing}");
+        let unused = check_method_flags(&args(&["--assistant-early-exit=4"])).unwrap_err();
+        assert!(unused.to_string().contains("--methods"), "{unused}");
+        assert!(check_method_flags(&args(&["--use-mtp"])).is_err());
+        assert!(method_options(&args(&[]), "assistant_model").is_err());
     }
 }

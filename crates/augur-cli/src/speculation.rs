@@ -102,3 +102,84 @@ pub fn method_options(method: &str, o: &GenerationOptions) -> Result<GenerationO
         other => return Err(format!("method `{other}` is unknown (expected {METHODS})")),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    const FLAGS: [&str; 13] = [
+        "--assistant-model=a",
+        "--assistant-tokenizer=t.json",
+        "--prompt-lookup-num-tokens=3",
+        "--max-matching-ngram-size=2",
+        "--num-assistant-tokens=5",
+        "--num-assistant-tokens-schedule=constant",
+        "--assistant-confidence-threshold=0.3",
+        "--cost-aware-drafting=false",
+        "--use-mtp",
+        "--assistant-early-exit=4",
+        "--assistant-ensemble-weight=0.5",
+        "--model=m",
+        "--threads=1",
+    ];
+
+    fn speculation(subcommand: &str, extra: &[&str]) -> SpeculationArgs {
+        let argv = ["augur", subcommand].into_iter().chain(extra.iter().copied());
+        match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{subcommand}: {e}")).command {
+            Command::Generate(a) => a.speculation,
+            Command::Bench(a) => a.speculation,
+            Command::Serve(a) => a.speculation,
+            Command::Info { .. } => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_subcommand_takes_every_speculation_flag_and_converts_it_alike() {
+        Cli::command().debug_assert();
+        let options: Vec<GenerationOptions> =
+            ["generate", "bench", "serve"].iter().map(|c| speculation(c, &FLAGS).options()).collect();
+        let o = &options[0];
+        assert_eq!(o.prompt_lookup_num_tokens, Some(3));
+        assert_eq!(o.max_matching_ngram_size, Some(2));
+        assert_eq!(o.num_assistant_tokens, Some(5));
+        assert_eq!(o.num_assistant_tokens_schedule.as_deref(), Some("constant"));
+        assert_eq!(o.assistant_confidence_threshold, Some(0.3));
+        assert_eq!(o.cost_aware_drafting, Some(false));
+        assert_eq!(o.use_mtp, Some(true));
+        assert_eq!(o.assistant_early_exit, Some(4));
+        assert_eq!(o.assistant_ensemble_weight, Some(0.5));
+        for other in &options[1..] {
+            assert_eq!(other, o);
+        }
+    }
+
+    #[test]
+    fn defaults_per_subcommand() {
+        assert_eq!(speculation("bench", &[]).prompt_lookup_num_tokens, Some(10));
+        assert_eq!(speculation("generate", &[]).prompt_lookup_num_tokens, None);
+        assert_eq!(speculation("serve", &[]).prompt_lookup_num_tokens, None);
+        assert!(Cli::try_parse_from(["augur", "generate", "--assistant-tokenizer=t.json"]).is_err());
+    }
+
+    #[test]
+    fn a_method_keeps_only_its_own_fields() {
+        let all = speculation("generate", &FLAGS[..11]).options();
+        let pl = method_options("prompt_lookup", &all).unwrap();
+        assert_eq!((pl.prompt_lookup_num_tokens, pl.max_matching_ngram_size), (Some(3), Some(2)));
+        assert_eq!((pl.assistant_early_exit, pl.use_mtp, pl.num_assistant_tokens), (None, None, None));
+        let am = method_options("assistant_model", &all).unwrap();
+        assert_eq!((am.prompt_lookup_num_tokens, am.assistant_early_exit, am.use_mtp), (None, None, None));
+        assert_eq!((am.num_assistant_tokens, am.assistant_ensemble_weight), (Some(5), Some(0.5)));
+        let ee = method_options("early_exit", &all).unwrap();
+        assert_eq!((ee.assistant_early_exit, ee.num_assistant_tokens, ee.prompt_lookup_num_tokens), (Some(4), Some(5), None));
+        let mtp = method_options("mtp", &all).unwrap();
+        assert_eq!((mtp.use_mtp, mtp.prompt_lookup_num_tokens), (Some(true), None));
+        let none = GenerationOptions::default();
+        assert_eq!(method_options("prompt_lookup", &none).unwrap().prompt_lookup_num_tokens, Some(10));
+        assert!(method_options("early_exit", &none).unwrap_err().contains("assistant_early_exit"));
+        assert!(method_options("medusa", &none).unwrap_err().contains("`medusa` is unknown"));
+    }
+}

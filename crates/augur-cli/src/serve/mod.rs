@@ -65,7 +65,7 @@ pub struct ServeArgs {
     #[arg(long)]
     threads: Option<usize>,
     #[command(flatten)]
-    speculation: SpeculationArgs,
+    pub(crate) speculation: SpeculationArgs,
 }
 
 /// Admission: at most `slots` sequences run, at most `queue` wait.
