@@ -172,12 +172,7 @@ impl BlockMatrix {
                     // are written by this task only.
                     unsafe {
                         let at = dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP);
-                        match rows {
-                            1 => avx512::group_tile::<1>(self.kind, w, nb, &act, r0, at, padded),
-                            2 => avx512::group_tile::<2>(self.kind, w, nb, &act, r0, at, padded),
-                            3 => avx512::group_tile::<3>(self.kind, w, nb, &act, r0, at, padded),
-                            _ => avx512::group_tile::<TILE>(self.kind, w, nb, &act, r0, at, padded),
-                        }
+                        avx512::tile_fn(self.kind, rows)(w, nb, &act, r0, at, padded);
                     }
                 }
             }
@@ -485,15 +480,40 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, QK};
+    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, QK, TILE};
+
+    /// A [`group_tile`] instance for one weight type and row count.
+    pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
+
+    const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
+
+    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]): with both constant, the type's branches
+    /// fold away from the inner loop.
+    pub fn tile_fn(kind: BlockKind, rows: usize) -> TileFn {
+        macro_rules! rows {
+            ($k:literal) => {
+                match rows {
+                    1 => group_tile::<1, $k>,
+                    2 => group_tile::<2, $k>,
+                    3 => group_tile::<3, $k>,
+                    _ => group_tile::<TILE, $k>,
+                }
+            };
+        }
+        match kind {
+            BlockKind::Q4_0 => rows!(0),
+            BlockKind::Q4_1 => rows!(1),
+            BlockKind::Q5_0 => rows!(2),
+            BlockKind::Q8_0 => rows!(3),
+        }
+    }
 
     /// `R` activation rows (from `r0`) against one interleaved group of 16 weight rows (`w`: `nb` group-blocks):
     /// writes `out[r · stride .. r · stride + 16]` for each. Per row and block: 8 `vpdpbusd` give the 16 integer
     /// dot products, the held-integer offset is subtracted exactly, and one FMA scales them into the sums; the
     /// same sequence whatever `R`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-    pub unsafe fn group_tile<const R: usize>(
-        kind: BlockKind,
+    unsafe fn group_tile<const R: usize, const K: usize>(
         w: &[u8],
         nb: usize,
         act: &Q8Rows,
@@ -501,6 +521,7 @@ mod avx512 {
         out: *mut f32,
         stride: usize,
     ) {
+        let kind = KINDS[K];
         let k = nb * QK;
         let block_bytes = GROUP * kind.block_bytes();
         let quant_bytes = group_quant_bytes(kind);
