@@ -8,6 +8,13 @@
 //! steps (one is taken right after the prefill), d and v from speculative rounds, α from decayed counts. When
 //! drafting does not pay, the loop backs off for a growing number of plain steps, then probes again.
 //!
+//! A drafter with a model of its own must first read the whole prompt with it, a cost paid before any draft
+//! (on 2 cores, a 0.5B assistant's prefill of a long prompt can outweigh everything it saves in a short
+//! answer). For such drafters the prefill round and the t₁ step are plain, the assistant's one-token forward
+//! is timed, its prefill estimated as the target's prefill scaled by the ratio of one-token forwards, and the
+//! assistant is only started when that estimate is below what drafting could save over the remaining budget
+//! ([`BEST_SAVING`] of the plain decoding time); otherwise the call decodes plainly to the end.
+//!
 //! Greedy outputs are unchanged by construction (only the round structure changes). Under sampling the
 //! distribution stays exact, but the random stream is consumed differently depending on timing, so a seeded
 //! sampled run is reproducible only with `cost_aware_drafting = false`.
@@ -23,6 +30,9 @@ const FIRST_BACKOFF: usize = 4;
 const MAX_BACKOFF: usize = 64;
 /// Drafting must promise at least this speedup over a plain step.
 const MIN_GAIN: f64 = 1.02;
+/// The largest share of the remaining plain decoding time that drafting is assumed able to save, when weighing
+/// a drafter's prefill (a 1.5× speedup saves a third).
+const BEST_SAVING: f64 = 1.0 / 3.0;
 
 #[derive(Debug, Clone)]
 pub struct CostModel {
@@ -40,6 +50,20 @@ pub struct CostModel {
     skip: usize,
     backoff: usize,
     probing: bool,
+    setup: Setup,
+}
+
+/// Where a drafter with a prefill of its own stands (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Setup {
+    /// No prefill of its own, or already paid.
+    None,
+    /// Not started: the seconds of the drafter's one-token forward, and of the target's prefill once measured.
+    Deferred { step: f64, prefill: Option<f64> },
+    /// Started this round: its draft seconds include the prefill and are not a per-draft cost.
+    Starting,
+    /// Judged not to pay for this call: every round is a plain step.
+    Declined,
 }
 
 /// What the next round may draft.
@@ -69,16 +93,36 @@ impl CostModel {
             skip: 0,
             backoff: FIRST_BACKOFF,
             probing: false,
+            setup: Setup::None,
         }
     }
 
-    /// The cap for the next round.
-    pub fn next_cap(&mut self) -> DraftCap {
-        match self.rounds {
+    /// For a drafter that must read the prompt with a model of its own, whose one-token forward took
+    /// `step_seconds`: it is started only once its prefill is judged to pay.
+    pub fn with_drafter_prefill(step_seconds: f64) -> Self {
+        Self { setup: Setup::Deferred { step: step_seconds, prefill: None }, ..Self::new() }
+    }
+
+    /// The cap for the next round, with `remaining` tokens left in the budget.
+    pub fn next_cap(&mut self, remaining: usize) -> DraftCap {
+        match (self.rounds, self.setup) {
+            (_, Setup::Declined) => return DraftCap::AtMost(0),
+            // The drafter's prefill waits for t₁.
+            (0, Setup::Deferred { .. }) => return DraftCap::AtMost(0),
             // The prefill round drafts freely: its cost says nothing about decoding.
-            0 => return DraftCap::Unlimited,
+            (0, _) => return DraftCap::Unlimited,
             // One plain step right after the prefill measures t₁.
-            1 if self.plain.is_none() => return DraftCap::AtMost(0),
+            (1, _) if self.plain.is_none() => return DraftCap::AtMost(0),
+            (_, Setup::Deferred { step, prefill }) => {
+                let t1 = self.plain.unwrap_or(step);
+                let drafter_prefill = prefill.unwrap_or(0.0) * step / t1;
+                if drafter_prefill > BEST_SAVING * remaining as f64 * t1 {
+                    self.setup = Setup::Declined;
+                    return DraftCap::AtMost(0);
+                }
+                self.setup = Setup::Starting;
+                return DraftCap::Unlimited;
+            }
             _ => {}
         }
         if self.skip > 0 {
@@ -106,6 +150,9 @@ impl CostModel {
         let first = self.rounds == 0;
         self.rounds += 1;
         if first {
+            if let Setup::Deferred { prefill, .. } = &mut self.setup {
+                *prefill = Some(verify_seconds);
+            }
             return;
         }
         if gamma == 0 {
@@ -115,7 +162,11 @@ impl CostModel {
         if let Some(t1) = self.plain {
             self.verify = Some(ema(self.verify, ((verify_seconds - t1) / gamma as f64).max(0.0)));
         }
-        self.draft = Some(ema(self.draft, draft_seconds / gamma as f64));
+        if self.setup == Setup::Starting {
+            self.setup = Setup::None;
+        } else {
+            self.draft = Some(ema(self.draft, draft_seconds / gamma as f64));
+        }
         self.accepted = self.accepted * DECAY + accepted as f64;
         self.rejected = self.rejected * DECAY + if accepted < gamma { 1.0 } else { 0.0 };
         if std::mem::take(&mut self.probing) && self.best_gamma().is_some_and(|g| g > 0) {
@@ -155,10 +206,20 @@ mod tests {
     /// Runs `rounds` rounds where every draft costs `d` + `v` seconds and drafts are accepted with the
     /// fixed pattern `accept(gamma)`; returns the caps handed out.
     fn simulate(rounds: usize, t1: f64, d: f64, v: f64, accept: impl Fn(usize) -> usize) -> Vec<DraftCap> {
-        let mut m = CostModel::new();
+        simulate_with(CostModel::new(), rounds, t1, d, v, accept)
+    }
+
+    fn simulate_with(
+        mut m: CostModel,
+        rounds: usize,
+        t1: f64,
+        d: f64,
+        v: f64,
+        accept: impl Fn(usize) -> usize,
+    ) -> Vec<DraftCap> {
         let mut caps = Vec::new();
         for _ in 0..rounds {
-            let cap = m.next_cap();
+            let cap = m.next_cap(1000);
             caps.push(cap);
             let gamma = match cap {
                 DraftCap::Unlimited => 10,
@@ -205,5 +266,37 @@ mod tests {
         let caps = simulate(60, 0.01, 0.004, 0.0, |g| g / 2);
         let last = caps.last().unwrap();
         assert!(matches!(last, DraftCap::AtMost(g) if *g <= 3), "{caps:?}");
+    }
+
+    #[test]
+    fn a_drafter_prefill_waits_and_is_declined_when_it_cannot_pay() {
+        // Prefill rounds take `t1 + v·10` in `simulate`; with a 1000-token budget, a drafter whose step costs
+        // as much as the target's would need a prefill under a third of 1000 steps: it gets it.
+        let caps = simulate_with(CostModel::with_drafter_prefill(0.01), 6, 0.01, 0.001, 0.0, |g| g);
+        assert_eq!(&caps[..3], &[DraftCap::AtMost(0), DraftCap::AtMost(0), DraftCap::Unlimited], "{caps:?}");
+        assert!(caps[3..].iter().all(|c| *c != DraftCap::AtMost(0)), "{caps:?}");
+        // A measured prefill of 400 target steps is more than a third of the budget: never started.
+        let mut m = CostModel::with_drafter_prefill(0.01);
+        assert_eq!(m.next_cap(1000), DraftCap::AtMost(0));
+        m.record(0, 0, 0.0, 4.0);
+        assert_eq!(m.next_cap(1000), DraftCap::AtMost(0));
+        m.record(0, 0, 0.0, 0.01);
+        for _ in 0..20 {
+            assert_eq!(m.next_cap(1000), DraftCap::AtMost(0));
+            m.record(0, 0, 0.0, 0.01);
+        }
+    }
+
+    #[test]
+    fn the_starting_round_does_not_count_the_drafter_prefill_as_draft_cost() {
+        let mut m = CostModel::with_drafter_prefill(0.002);
+        m.next_cap(1000);
+        m.record(0, 0, 0.0, 0.05);
+        m.next_cap(1000);
+        m.record(0, 0, 0.0, 0.01);
+        assert_eq!(m.next_cap(1000), DraftCap::Unlimited);
+        // Its drafting took 5 s, nearly all of it the drafter's prefill.
+        m.record(4, 4, 5.0, 0.011);
+        assert_eq!(m.draft, None);
     }
 }

@@ -28,12 +28,16 @@ pub fn generate(
     let mut sampler = Sampler::new(cfg.seed);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
     // cost one block and a head, so they are left uncapped.
-    let mut cost = (cfg.cost_aware_drafting && !drafter.wants_target_hidden()).then(CostModel::new);
+    let mut cost = if cfg.cost_aware_drafting && !drafter.wants_target_hidden() {
+        Some(drafter.step_seconds()?.map_or_else(CostModel::new, CostModel::with_drafter_prefill))
+    } else {
+        None
+    };
     stats.method = drafter.method().into();
     while !emitter.is_finished() {
         // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
         let mut max_drafts = emitter.remaining().saturating_sub(1);
-        let cap = cost.as_mut().map_or(DraftCap::Unlimited, CostModel::next_cap);
+        let cap = cost.as_mut().map_or(DraftCap::Unlimited, |c| c.next_cap(emitter.remaining()));
         let plain_step = cap == DraftCap::AtMost(0);
         if let DraftCap::AtMost(g) = cap {
             max_drafts = max_drafts.min(g);

@@ -2,7 +2,7 @@
 //! keeping its own KV cache across rounds and cutting it back to what the target accepted.
 
 use super::autoregressive::Autoregressive;
-use super::{Draft, Drafter};
+use super::{one_step_seconds, Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
@@ -50,5 +50,12 @@ impl Drafter for AssistantModel<'_> {
         }
         self.drafting.length.update(proposed, accepted);
         Ok(())
+    }
+
+    fn step_seconds(&mut self) -> Result<Option<f64>> {
+        if self.model.cache_len() > 0 {
+            return Ok(None);
+        }
+        one_step_seconds(self.model, 0).map(Some)
     }
 }

@@ -54,4 +54,22 @@ pub trait Drafter {
     fn target_hidden(&mut self, _hidden: &Tensor, _accepted_rows: usize) -> Result<()> {
         Ok(())
     }
+    /// For drafters that must first read the whole context with a model of their own (an assistant model):
+    /// the measured seconds of one one-token forward of that model, taken on an empty cache and discarded, so
+    /// that the loop can weigh reading the prompt against what drafting can save before paying for it. `None`
+    /// for drafters without such a cost.
+    fn step_seconds(&mut self) -> Result<Option<f64>> {
+        Ok(None)
+    }
+}
+
+/// One one-token forward of `model` on an empty cache, discarded: the seconds it took (see
+/// [`Drafter::step_seconds`]).
+pub(crate) fn one_step_seconds(model: &mut dyn CausalLm, token: u32) -> Result<f64> {
+    model.truncate(0);
+    let t = std::time::Instant::now();
+    model.forward(&[token], &crate::model::ForwardOptions::logits(crate::model::LogitRows::Last(1)))?;
+    let seconds = t.elapsed().as_secs_f64();
+    model.truncate(0);
+    Ok(seconds)
 }

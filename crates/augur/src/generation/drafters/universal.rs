@@ -89,6 +89,14 @@ impl<'m> CachedAssistant<'m> {
         self.cached.extend_from_slice(&ids[keep..]);
         Ok(logits_rows(&out)?.pop().unwrap_or_default())
     }
+
+    /// [`Drafter::step_seconds`] while nothing is cached yet.
+    pub(crate) fn step_seconds(&mut self) -> Result<Option<f64>> {
+        if !self.cached.is_empty() {
+            return Ok(None);
+        }
+        super::one_step_seconds(self.model, 0).map(Some)
+    }
 }
 
 /// Greedy drafting with an assistant whose tokenizer differs from the target's.
@@ -208,6 +216,10 @@ impl Drafter for UniversalAssisted<'_, '_> {
         // The assistant's sequence is re-aligned with the target's at the next proposal.
         self.length.update(proposed, accepted);
         Ok(())
+    }
+
+    fn step_seconds(&mut self) -> Result<Option<f64>> {
+        self.assistant.step_seconds()
     }
 }
 

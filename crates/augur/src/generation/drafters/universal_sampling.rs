@@ -186,6 +186,10 @@ impl Drafter for UniversalSampling<'_, '_> {
     }
 
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()> {
+        if self.target_len == 0 {
+            // Plain steps before the first proposal: it converts the whole context then.
+            return Ok(());
+        }
         // Accepted drafts map one to one to assistant tokens; the target's own last token is converted.
         for &t in &context[self.target_len..context.len() - 1] {
             let a = self.to_assistant(&[t], false)?;
