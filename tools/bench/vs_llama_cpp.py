@@ -115,6 +115,7 @@ def llama_spec_runs(args, prompts, max_new):
              "lookup": lambda p: [b("llama-lookup"), "-m", args.model, "-p", p, "--spec-draft-n-max", "10"] + common}
     if args.draft:
         tools["draft"] = lambda p: [b("llama-speculative-simple"), "-m", args.model, "-md", args.draft,
+                                    "--spec-type", "draft-simple",
                                     "--spec-draft-n-max", str(args.draft_max), "-td", str(args.threads), "-p", p] + common
     runs = []
     for pr in prompts:

@@ -23,8 +23,10 @@
 const DECAY: f64 = 0.7;
 /// Longest draft the model proposes on its own (the drafter's own limit still applies).
 const MAX_GAMMA: usize = 32;
-/// Draft length of a probe round after a back-off.
-const PROBE_GAMMA: usize = 4;
+/// Draft length of a round whose costs are not measured yet (the prefill round, the first drafting round) and
+/// of a probe after a back-off: short, because a model drafter (early exit, an assistant) pays for each draft
+/// whether or not it is accepted.
+const PROBE_GAMMA: usize = 3;
 /// Plain steps in the first back-off; doubled after each failed probe up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: usize = 4;
 const MAX_BACKOFF: usize = 64;
@@ -109,8 +111,8 @@ impl CostModel {
             (_, Setup::Declined) => return DraftCap::AtMost(0),
             // The drafter's prefill waits for t₁.
             (0, Setup::Deferred { .. }) => return DraftCap::AtMost(0),
-            // The prefill round drafts freely: its cost says nothing about decoding.
-            (0, _) => return DraftCap::Unlimited,
+            // The prefill round's verification cost says nothing about decoding: a probe-length draft.
+            (0, _) => return DraftCap::AtMost(PROBE_GAMMA),
             // One plain step right after the prefill measures t₁.
             (1, _) if self.plain.is_none() => return DraftCap::AtMost(0),
             (_, Setup::Deferred { step, prefill }) => {
@@ -121,7 +123,7 @@ impl CostModel {
                     return DraftCap::AtMost(0);
                 }
                 self.setup = Setup::Starting;
-                return DraftCap::Unlimited;
+                return DraftCap::AtMost(PROBE_GAMMA);
             }
             _ => {}
         }
@@ -140,7 +142,7 @@ impl CostModel {
                 DraftCap::AtMost(0)
             }
             Some(g) => DraftCap::AtMost(g),
-            None => DraftCap::Unlimited,
+            None => DraftCap::AtMost(PROBE_GAMMA),
         }
     }
 
@@ -152,6 +154,11 @@ impl CostModel {
         if first {
             if let Setup::Deferred { prefill, .. } = &mut self.setup {
                 *prefill = Some(verify_seconds);
+            }
+            // Its drafting cost and acceptance count; its verification ran with the prefill and does not.
+            if gamma > 0 {
+                self.draft = Some(draft_seconds / gamma as f64);
+                self.count(gamma, accepted);
             }
             return;
         }
@@ -167,11 +174,15 @@ impl CostModel {
         } else {
             self.draft = Some(ema(self.draft, draft_seconds / gamma as f64));
         }
-        self.accepted = self.accepted * DECAY + accepted as f64;
-        self.rejected = self.rejected * DECAY + if accepted < gamma { 1.0 } else { 0.0 };
+        self.count(gamma, accepted);
         if std::mem::take(&mut self.probing) && self.best_gamma().is_some_and(|g| g > 0) {
             self.backoff = FIRST_BACKOFF;
         }
+    }
+
+    fn count(&mut self, gamma: usize, accepted: usize) {
+        self.accepted = self.accepted * DECAY + accepted as f64;
+        self.rejected = self.rejected * DECAY + if accepted < gamma { 1.0 } else { 0.0 };
     }
 
     /// The draft length with the best expected tokens per second; `None` until every cost is measured.
@@ -234,7 +245,7 @@ mod tests {
     #[test]
     fn measures_a_plain_step_after_the_prefill() {
         let caps = simulate(3, 0.01, 0.0, 0.001, |g| g);
-        assert_eq!(caps[0], DraftCap::Unlimited);
+        assert_eq!(caps[0], DraftCap::AtMost(PROBE_GAMMA));
         assert_eq!(caps[1], DraftCap::AtMost(0));
     }
 
@@ -273,7 +284,7 @@ mod tests {
         // Prefill rounds take `t1 + v·10` in `simulate`; with a 1000-token budget, a drafter whose step costs
         // as much as the target's would need a prefill under a third of 1000 steps: it gets it.
         let caps = simulate_with(CostModel::with_drafter_prefill(0.01), 6, 0.01, 0.001, 0.0, |g| g);
-        assert_eq!(&caps[..3], &[DraftCap::AtMost(0), DraftCap::AtMost(0), DraftCap::Unlimited], "{caps:?}");
+        assert_eq!(&caps[..3], &[DraftCap::AtMost(0), DraftCap::AtMost(0), DraftCap::AtMost(PROBE_GAMMA)], "{caps:?}");
         assert!(caps[3..].iter().all(|c| *c != DraftCap::AtMost(0)), "{caps:?}");
         // A measured prefill of 400 target steps is more than a third of the budget: never started.
         let mut m = CostModel::with_drafter_prefill(0.01);
@@ -294,7 +305,7 @@ mod tests {
         m.record(0, 0, 0.0, 0.05);
         m.next_cap(1000);
         m.record(0, 0, 0.0, 0.01);
-        assert_eq!(m.next_cap(1000), DraftCap::Unlimited);
+        assert_eq!(m.next_cap(1000), DraftCap::AtMost(PROBE_GAMMA));
         // Its drafting took 5 s, nearly all of it the drafter's prefill.
         m.record(4, 4, 5.0, 0.011);
         assert_eq!(m.draft, None);

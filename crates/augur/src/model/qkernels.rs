@@ -296,15 +296,17 @@ impl Q8Rows {
     }
 }
 
-/// llama.cpp's `quantize_row_q8_1` for one block.
+/// llama.cpp's `quantize_row_q8_1` for one block, with its SIMD rounding (ties to even), done by adding and
+/// subtracting 1.5·2²³ (exact for |v| ≤ 127.5) so that it vectorizes on any x86-64 instead of calling `roundf`.
 fn quantize_block(x: &[f32]) -> Q8Block {
+    const ROUND: f32 = 12_582_912.0;
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i8; QK];
     let mut isum = 0i32;
     for (q, v) in qs.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
+        *q = ((v * id + ROUND) - ROUND) as i8;
         isum += *q as i32;
     }
     let round = |v: f32| f16::from_f32(v).to_f32();
