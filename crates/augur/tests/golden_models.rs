@@ -3,7 +3,6 @@
 
 mod common;
 
-use augur::model::{ForwardOptions, LogitRows};
 use common::*;
 
 fn check_model(name: &str) {
@@ -11,17 +10,7 @@ fn check_model(name: &str) {
     let mut lm = load(&fixtures().join(name), false);
     for p in g["prompts"].as_array().unwrap() {
         let input = ids(&p["input_ids"]);
-        lm.model.truncate(0);
-        let out = lm.model.forward(&input, &ForwardOptions::logits(LogitRows::All)).unwrap();
-        let ours: Vec<Vec<f32>> = out.logits.unwrap().to_vec2().unwrap();
-        let theirs = p["logits"].as_array().unwrap();
-        assert_eq!(ours.len(), theirs.len());
-        for (pos, (a, b)) in ours.iter().zip(theirs).enumerate() {
-            let b: Vec<f32> = b.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= 1e-4 * scale.max(1.0), "{name} {:?} position {pos}: max diff {worst} (scale {scale})", p["text"]);
-        }
+        assert_logits_match(name, lm.model.as_mut(), p);
         let mut pipe = augur::pipeline::Pipeline {
             target: load(&fixtures().join(name), false),
             assistant: None,

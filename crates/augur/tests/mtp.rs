@@ -12,7 +12,7 @@ use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Draft, Drafter, MtpDrafter};
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
-use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::model::CausalLm;
 use augur::Tensor;
 use common::*;
 
@@ -29,17 +29,7 @@ fn check_logits(name: &str) {
     assert!(lm.mtp.is_some(), "{name}: MTP layers not loaded");
     for p in g["prompts"].as_array().unwrap() {
         let input = ids(&p["input_ids"]);
-        lm.model.truncate(0);
-        let out = lm.model.forward(&input, &ForwardOptions::logits(LogitRows::All)).unwrap();
-        let ours: Vec<Vec<f32>> = out.logits.unwrap().to_vec2().unwrap();
-        let theirs = p["logits"].as_array().unwrap();
-        assert_eq!(ours.len(), theirs.len());
-        for (pos, (a, b)) in ours.iter().zip(theirs).enumerate() {
-            let b: Vec<f32> = b.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-            let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-            assert!(worst <= 1e-4 * scale.max(1.0), "{name} {:?} position {pos}: max diff {worst} (scale {scale})", p["text"]);
-        }
+        assert_logits_match(name, lm.model.as_mut(), p);
         let mut pipe = augur::pipeline::Pipeline { target: load(&fixtures().join(name), false), assistant: None, defaults: Default::default() };
         let want = ids(&p["greedy"]);
         let got = pipe.generate_ids(&input, &greedy(want.len()), None).unwrap();

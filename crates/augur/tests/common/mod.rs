@@ -89,3 +89,21 @@ pub fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) ->
     let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
     (stat, critical)
 }
+
+/// The model's logits at every position of the golden prompt `p["input_ids"]` are within 1e-4 (relative to the
+/// row's largest magnitude, at least 1) of Transformers' `p["logits"]`.
+#[allow(dead_code)]
+pub fn assert_logits_match(name: &str, model: &mut dyn augur::model::CausalLm, p: &Value) {
+    use augur::model::{ForwardOptions, LogitRows};
+    model.truncate(0);
+    let out = model.forward(&ids(&p["input_ids"]), &ForwardOptions::logits(LogitRows::All)).unwrap();
+    let ours: Vec<Vec<f32>> = out.logits.unwrap().to_vec2().unwrap();
+    let theirs = p["logits"].as_array().unwrap();
+    assert_eq!(ours.len(), theirs.len());
+    for (pos, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        let b: Vec<f32> = b.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(worst <= 1e-4 * scale.max(1.0), "{name} {:?} position {pos}: max diff {worst} (scale {scale})", p["text"]);
+    }
+}

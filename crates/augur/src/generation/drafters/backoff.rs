@@ -62,4 +62,8 @@ impl Drafter for Backoff<'_> {
     fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {
         self.inner.target_hidden(hidden, accepted_rows)
     }
+
+    fn step_seconds(&mut self) -> Result<Option<f64>> {
+        self.inner.step_seconds()
+    }
 }
