@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
@@ -15,7 +15,9 @@ use super::qkernels::BlockMatrix;
 use crate::error::{Error, Result};
 
 enum Source {
-    Gguf { content: Arc<gguf_file::Content>, file: memmap2::Mmap },
+    /// Tensors are read from the file into memory one at a time (not mapped): the file's pages then stay in the
+    /// page cache instead of adding to the process's resident memory next to the weights' own copies.
+    Gguf { content: Arc<gguf_file::Content>, file: Mutex<File> },
     Safetensors { tensors: candle_core::safetensors::MmapedSafetensors },
 }
 
@@ -158,10 +160,8 @@ impl Weights {
     pub fn open_gguf(path: &Path, device: &Device) -> Result<(Self, Arc<gguf_file::Content>)> {
         let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
         let content = gguf_file::Content::read(&mut f).map_err(|e| gguf_error(path, e))?;
-        // SAFETY: the file is opened read-only and not modified while mapped; a concurrent truncation by
-        // another process is outside what this library can guard against, as for every mmap user.
-        let file = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
-        let data_len = (file.len() as u64).saturating_sub(content.tensor_data_offset);
+        let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        let data_len = file_len.saturating_sub(content.tensor_data_offset);
         for (name, info) in &content.tensor_infos {
             let elems = info.shape.elem_count();
             let block = info.ggml_dtype.block_size();
@@ -188,7 +188,7 @@ impl Weights {
         let content = Arc::new(content);
         Ok((
             Weights {
-                source: Source::Gguf { content: content.clone(), file },
+                source: Source::Gguf { content: content.clone(), file: Mutex::new(f) },
                 path: path.to_path_buf(),
                 arch,
                 device: device.clone(),
@@ -279,11 +279,13 @@ impl Weights {
         Ok(())
     }
 
-    fn qtensor(&self, content: &gguf_file::Content, file: &memmap2::Mmap, name: &str, shape: &[usize]) -> Result<QTensor> {
+    fn qtensor(&self, content: &gguf_file::Content, file: &Mutex<File>, name: &str, shape: &[usize]) -> Result<QTensor> {
         let info = content.tensor_infos.get(name).ok_or_else(|| self.missing(name.to_string()))?;
         Self::check_shape(name, info.shape.dims(), shape)?;
-        let mut cursor = std::io::Cursor::new(&file[..]);
-        Ok(info.read(&mut cursor, content.tensor_data_offset, &self.device).map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))?)
+        // A panic elsewhere while holding the lock leaves the file handle as usable as before.
+        let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        info.read(&mut *file, content.tensor_data_offset, &self.device)
+            .map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))
     }
 
     /// A tensor dequantized or converted to f32, with its shape checked.
