@@ -43,8 +43,15 @@ pub fn generate(
             max_drafts = max_drafts.min(g);
         }
         let t0 = Instant::now();
-        let draft =
-            if plain_step { Draft::default() } else { drafter.propose(target, emitter.tokens(), max_drafts)? };
+        let draft = if plain_step {
+            Draft::default()
+        } else {
+            drafter.set_cost_cap(match cap {
+                DraftCap::AtMost(g) => Some(g),
+                DraftCap::Unlimited => None,
+            });
+            drafter.propose(target, emitter.tokens(), max_drafts)?
+        };
         let draft_seconds = t0.elapsed().as_secs_f64();
         stats.draft_seconds += draft_seconds;
         let gamma = draft.tokens.len().min(max_drafts);

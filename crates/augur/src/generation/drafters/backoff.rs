@@ -66,4 +66,8 @@ impl Drafter for Backoff<'_> {
     fn step_seconds(&mut self) -> Result<Option<f64>> {
         self.inner.step_seconds()
     }
+
+    fn set_cost_cap(&mut self, cap: Option<usize>) {
+        self.inner.set_cost_cap(cap)
+    }
 }

@@ -61,6 +61,11 @@ pub trait Drafter {
     fn step_seconds(&mut self) -> Result<Option<f64>> {
         Ok(None)
     }
+    /// The cost model's cap on the coming round's drafts, told before [`Drafter::propose`] (`None`: only the
+    /// length budget limits them). A drafter whose model counts in other tokens than the target's (universal
+    /// assisted decoding) uses it to stop its model early instead of drafting and discarding; the length budget
+    /// alone keeps Transformers' rounds.
+    fn set_cost_cap(&mut self, _cap: Option<usize>) {}
 }
 
 /// One one-token forward of `model` on an empty cache, discarded: the seconds it took (see

@@ -99,6 +99,9 @@ impl<'m> CachedAssistant<'m> {
     }
 }
 
+/// Assistant tokens drafted beyond the cost model's cap in target tokens (see `UniversalAssisted::propose`).
+const ASSISTANT_TOKENS_BEYOND_CAP: usize = 2;
+
 /// Greedy drafting with an assistant whose tokenizer differs from the target's.
 pub struct UniversalAssisted<'m, 't> {
     assistant: CachedAssistant<'m>,
@@ -113,6 +116,8 @@ pub struct UniversalAssisted<'m, 't> {
     prev_assistant_ids: Option<Vec<u32>>,
     /// Target length when the assistant last drafted.
     prev_target_len: usize,
+    /// The cost model's cap on this round's target drafts (see [`Drafter::set_cost_cap`]).
+    cost_cap: Option<usize>,
 }
 
 impl<'m, 't> UniversalAssisted<'m, 't> {
@@ -141,6 +146,7 @@ impl<'m, 't> UniversalAssisted<'m, 't> {
             target_lookbehind: cfg.effective_target_lookbehind(),
             prev_assistant_ids: None,
             prev_target_len: 0,
+            cost_cap: None,
         }
     }
 
@@ -190,7 +196,12 @@ impl Drafter for UniversalAssisted<'_, '_> {
     }
 
     fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
-        let max_new = self.length.num_assistant_tokens;
+        // Under a cost cap, assistant tokens far beyond it (20 where 3 are wanted) would be paid for and then
+        // cut; a few extra are kept because one target token can span several assistant tokens.
+        let max_new = match self.cost_cap {
+            Some(cap) => self.length.num_assistant_tokens.min(cap + ASSISTANT_TOKENS_BEYOND_CAP),
+            None => self.length.num_assistant_tokens,
+        };
         if max_new == 0 || max == 0 {
             return Ok(Draft::default());
         }
@@ -220,6 +231,10 @@ impl Drafter for UniversalAssisted<'_, '_> {
 
     fn step_seconds(&mut self) -> Result<Option<f64>> {
         self.assistant.step_seconds()
+    }
+
+    fn set_cost_cap(&mut self, cap: Option<usize>) {
+        self.cost_cap = cap;
     }
 }
 
