@@ -237,26 +237,11 @@ fn drafted_positions_are_reused_exactly_and_cut_back() {
 // ---------------------------------------------------------------------------------------------------------------
 // sampling
 
-const DRAWS: usize = 3000;
-const PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
-
-fn sampling(seed: u64) -> GenerationOptions {
-    GenerationOptions {
-        do_sample: Some(true),
-        top_k: Some(6),
-        temperature: Some(1.5),
-        seed: Some(seed),
-        num_assistant_tokens: Some(3),
-        assistant_confidence_threshold: Some(0.0),
-        ..greedy(2)
-    }
-}
-
 /// The processed distribution of the next token after `ctx` (the first `exit` layers only, when given).
 fn next_dist(model: &mut dyn CausalLm, cfg: &GenerationConfig, ctx: &[u32], exit: Option<usize>) -> Vec<f32> {
     model.truncate(0);
     let mut row = logits_of(model, ctx, exit).pop().unwrap();
-    LogitsProcessor::new(cfg, PROMPT.len()).unwrap().process(ctx, &mut row);
+    LogitsProcessor::new(cfg, SAMPLING_PROMPT.len()).unwrap().process(ctx, &mut row);
     softmax(&row)
 }
 
@@ -264,7 +249,7 @@ fn next_dist(model: &mut dyn CausalLm, cfg: &GenerationConfig, ctx: &[u32], exit
 fn expected(model: &mut dyn CausalLm, cfg: &GenerationConfig, first: &[f32]) -> HashMap<Vec<u32>, f64> {
     let mut e = HashMap::new();
     for (x1, &f) in first.iter().enumerate().filter(|(_, &f)| f > 0.0) {
-        let mut ctx = PROMPT.to_vec();
+        let mut ctx = SAMPLING_PROMPT.to_vec();
         ctx.push(x1 as u32);
         for (x2, &p) in next_dist(model, cfg, &ctx, None).iter().enumerate().filter(|(_, &p)| p > 0.0) {
             e.insert(vec![x1 as u32, x2 as u32], f as f64 * p as f64);
@@ -308,15 +293,15 @@ fn sampling_follows_the_target_or_the_specified_mixture() {
     let w = 0.5;
     let cfg = GenerationConfig::from_options(&sampling(0));
     let mut lm = load(&fixtures().join("tiny-llama"), false);
-    let p0 = next_dist(lm.model.as_mut(), &cfg, &PROMPT, None);
-    let q0 = next_dist(lm.model.as_mut(), &cfg, &PROMPT, Some(exit));
+    let p0 = next_dist(lm.model.as_mut(), &cfg, &SAMPLING_PROMPT, None);
+    let q0 = next_dist(lm.model.as_mut(), &cfg, &SAMPLING_PROMPT, Some(exit));
     let target = expected(lm.model.as_mut(), &cfg, &p0);
     let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &q0, w));
 
     let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
     let lossless = histogram(DRAWS, |s| {
         let o = GenerationOptions { assistant_early_exit: Some(exit), ..sampling(s) };
-        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
     });
     let (stat, critical) = chi_square(&lossless, &target);
     assert!(stat < critical, "early exit without a weight: chi-square {stat:.1} ≥ {critical:.1} against the target");
@@ -324,7 +309,7 @@ fn sampling_follows_the_target_or_the_specified_mixture() {
     let mixed = histogram(DRAWS, |s| {
         let o =
             GenerationOptions { assistant_early_exit: Some(exit), assistant_ensemble_weight: Some(w), ..sampling(s) };
-        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
     });
     let (stat, critical) = chi_square(&mixed, &ensemble);
     assert!(stat < critical, "early exit, w = {w}: chi-square {stat:.1} ≥ {critical:.1} against the mixture");
@@ -334,11 +319,11 @@ fn sampling_follows_the_target_or_the_specified_mixture() {
     // The assistant model's q: its own processed distribution at the prompt.
     let w = 0.3;
     let mut a = load(&fixtures().join("tiny-llama-assistant"), false);
-    let qa = next_dist(a.model.as_mut(), &cfg, &PROMPT, None);
+    let qa = next_dist(a.model.as_mut(), &cfg, &SAMPLING_PROMPT, None);
     let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &qa, w));
     let mixed = histogram(DRAWS, |s| {
         let o = GenerationOptions { assistant_ensemble_weight: Some(w), ..sampling(s) };
-        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
     });
     let (stat, critical) = chi_square(&mixed, &ensemble);
     assert!(stat < critical, "assistant model, w = {w}: chi-square {stat:.1} ≥ {critical:.1} against the mixture");

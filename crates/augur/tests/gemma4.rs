@@ -229,8 +229,6 @@ fn assistant_alone_or_with_another_target_is_a_clear_error() {
     assert!(e.to_string().contains("only for a Gemma 4 target"), "{e}");
 }
 
-const DRAWS: usize = 3000;
-
 fn sampling(seed: u64) -> GenerationOptions {
     GenerationOptions {
         do_sample: Some(true),

@@ -13,25 +13,9 @@ use augur::generation::speculative;
 use augur::model::CausalLm;
 use common::*;
 
-const DRAWS: usize = 3000;
-
-fn sampling(seed: u64) -> GenerationOptions {
-    GenerationOptions {
-        do_sample: Some(true),
-        top_k: Some(6),
-        temperature: Some(1.5),
-        seed: Some(seed),
-        num_assistant_tokens: Some(3),
-        assistant_confidence_threshold: Some(0.0),
-        ..greedy(2)
-    }
-}
-
-const PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
-
 fn plain_draws() -> HashMap<Vec<u32>, usize> {
     let mut pipe = pipeline("tiny-llama", None);
-    histogram(DRAWS, |s| pipe.generate_ids(&PROMPT, &sampling(s + 1_000_000), None).unwrap().tokens)
+    histogram(DRAWS, |s| pipe.generate_ids(&SAMPLING_PROMPT, &sampling(s + 1_000_000), None).unwrap().tokens)
 }
 
 #[test]
@@ -39,13 +23,13 @@ fn speculative_sampling_keeps_the_target_distribution() {
     let plain = plain_draws();
     assert!(plain.len() > 5, "the test needs a spread distribution, got {} outcomes", plain.len());
     let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
-    let assisted = histogram(DRAWS, |s| pipe.generate_ids(&PROMPT, &sampling(s), None).unwrap().tokens);
+    let assisted = histogram(DRAWS, |s| pipe.generate_ids(&SAMPLING_PROMPT, &sampling(s), None).unwrap().tokens);
     let (stat, critical) = chi_square(&plain, &assisted);
     assert!(stat < critical, "assistant model: chi-square {stat:.1} ≥ {critical:.1}");
     let mut pipe = pipeline("tiny-llama", None);
     let lookup = histogram(DRAWS, |s| {
         let o = GenerationOptions { prompt_lookup_num_tokens: Some(3), ..sampling(s) };
-        pipe.generate_ids(&PROMPT, &o, None).unwrap().tokens
+        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
     });
     let (stat, critical) = chi_square(&plain, &lookup);
     assert!(stat < critical, "prompt lookup: chi-square {stat:.1} ≥ {critical:.1}");
@@ -85,8 +69,8 @@ fn a_verifier_that_always_accepts_fails_the_test() {
     let broken = histogram(DRAWS, |s| {
         let cfg = GenerationConfig::from_options(&sampling(s));
         target.model.truncate(0);
-        let mut drafter = AlwaysAccepted(AssistantModel::new(assistant.model.as_mut(), &cfg, PROMPT.len(), vocab).unwrap());
-        let mut emitter = Emitter::new(&target.tokenizer, &PROMPT, 2, vec![], vec![], None);
+        let mut drafter = AlwaysAccepted(AssistantModel::new(assistant.model.as_mut(), &cfg, SAMPLING_PROMPT.len(), vocab).unwrap());
+        let mut emitter = Emitter::new(&target.tokenizer, &SAMPLING_PROMPT, 2, vec![], vec![], None);
         let mut stats = GenerationStats::default();
         speculative::generate(target.model.as_mut(), &mut drafter, &cfg, &mut emitter, &mut stats).unwrap();
         emitter.into_output(stats).tokens

@@ -191,20 +191,10 @@ fn universal_greedy_is_lossless_on_smollm2_and_gemma3() {
 // ---------------------------------------------------------------------------------------------------------------
 // Sampling
 
-const DRAWS: usize = 3000;
-
+/// The shared sampling options without the cost model, which drafts or not on timings: seeded draws are
+/// reproducible only without it.
 fn sampling(seed: u64) -> GenerationOptions {
-    GenerationOptions {
-        do_sample: Some(true),
-        top_k: Some(6),
-        temperature: Some(1.5),
-        seed: Some(seed),
-        num_assistant_tokens: Some(3),
-        assistant_confidence_threshold: Some(0.0),
-        // The cost model drafts or not on timings: seeded draws are reproducible only without it.
-        cost_aware_drafting: Some(false),
-        ..greedy(2)
-    }
+    GenerationOptions { cost_aware_drafting: Some(false), ..common::sampling(seed) }
 }
 
 fn sampling_prompt() -> Vec<u32> {

@@ -53,6 +53,26 @@ pub fn greedy(max_new_tokens: usize) -> GenerationOptions {
     GenerationOptions { max_new_tokens: Some(max_new_tokens), eos_token_id: Some(vec![]), ..Default::default() }
 }
 
+/// Seeded draws per distribution in the chi-square tests.
+pub const DRAWS: usize = 3000;
+
+/// A prompt over the tiny fixtures' vocabulary for the sampling tests.
+pub const SAMPLING_PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
+
+/// The sampling tests' options: two tokens from a top-6 distribution at temperature 1.5 (a few dozen
+/// continuations, each drawn often enough in [`DRAWS`] draws), three drafts a round, no confidence stop.
+pub fn sampling(seed: u64) -> GenerationOptions {
+    GenerationOptions {
+        do_sample: Some(true),
+        top_k: Some(6),
+        temperature: Some(1.5),
+        seed: Some(seed),
+        num_assistant_tokens: Some(3),
+        assistant_confidence_threshold: Some(0.0),
+        ..greedy(2)
+    }
+}
+
 /// How often each continuation comes out of `draws` seeded draws (seeds `0..draws`).
 pub fn histogram(draws: usize, mut draw: impl FnMut(u64) -> Vec<u32>) -> HashMap<Vec<u32>, usize> {
     let mut h = HashMap::new();
@@ -92,7 +112,6 @@ pub fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) ->
 
 /// The model's logits at every position of the golden prompt `p["input_ids"]` are within 1e-4 (relative to the
 /// row's largest magnitude, at least 1) of Transformers' `p["logits"]`.
-#[allow(dead_code)]
 pub fn assert_logits_match(name: &str, model: &mut dyn augur::model::CausalLm, p: &Value) {
     use augur::model::{ForwardOptions, LogitRows};
     model.truncate(0);
