@@ -107,13 +107,7 @@ fn drafts_match_transformers() {
 
 /// Prompts with repetition of several lengths, from a fixed seed.
 fn prompts(vocab: u32) -> Vec<Vec<u32>> {
-    let mut state = 0x9E3779B97F4A7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % vocab as u64) as u32
-    };
+    let mut next = token_stream(0x9E3779B97F4A7C15u64, vocab);
     (0..4)
         .map(|i| {
             let base: Vec<u32> = (0..2 + 2 * i).map(|_| next()).collect();

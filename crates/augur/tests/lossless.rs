@@ -8,13 +8,7 @@ use common::*;
 
 /// Prompts with repetition (so prompt lookup finds matches) of several lengths, drawn from a fixed seed.
 fn prompts(vocab: u32) -> Vec<Vec<u32>> {
-    let mut state = 0x2545F4914F6CDD1Du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % vocab as u64) as u32
-    };
+    let mut next = token_stream(0x2545F4914F6CDD1Du64, vocab);
     (0..6)
         .map(|i| {
             let base: Vec<u32> = (0..3 + i).map(|_| next()).collect();

@@ -53,6 +53,17 @@ pub fn greedy(max_new_tokens: usize) -> GenerationOptions {
     GenerationOptions { max_new_tokens: Some(max_new_tokens), eos_token_id: Some(vec![]), ..Default::default() }
 }
 
+/// Token ids below `vocab` from a xorshift generator seeded with `seed`: reproducible test prompts.
+pub fn token_stream(seed: u64, vocab: u32) -> impl FnMut() -> u32 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % vocab as u64) as u32
+    }
+}
+
 /// Seeded draws per distribution in the chi-square tests.
 pub const DRAWS: usize = 3000;
 
