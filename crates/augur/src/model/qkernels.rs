@@ -284,33 +284,50 @@ struct Q8Rows {
 impl Q8Rows {
     fn quantize(x: &[f32], m: usize, k: usize, offset: i32) -> Self {
         let blocks = m * (k / QK);
-        let mut rows = Q8Rows { qs: vec![0; m * k], d: Vec::with_capacity(blocks), correction: Vec::with_capacity(blocks), s: Vec::with_capacity(blocks) };
+        let mut rows = Q8Rows {
+            qs: vec![0; m * k],
+            d: Vec::with_capacity(blocks),
+            correction: Vec::with_capacity(blocks),
+            s: Vec::with_capacity(blocks),
+        };
+        // `Interleaved` is only built where AVX-512 was detected.
         for (src, dst) in x.chunks_exact(QK).zip(rows.qs.chunks_exact_mut(QK)) {
-            let b = quantize_block(src);
-            dst.copy_from_slice(&b.qs);
-            rows.d.push(b.d);
-            rows.correction.push(offset * b.isum);
-            rows.s.push(b.s);
+            // SAFETY: AVX-512 F and F16C were detected (see above); both slices hold one block.
+            #[cfg(target_arch = "x86_64")]
+            let (d, s, isum) = unsafe { avx512::quantize_block(src, dst) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let (d, s, isum) = quantize_block_scalar(src, dst);
+            rows.d.push(d);
+            rows.correction.push(offset * isum);
+            rows.s.push(s);
         }
         rows
     }
 }
 
-/// llama.cpp's `quantize_row_q8_1` for one block, with its SIMD rounding (ties to even), done by adding and
-/// subtracting 1.5·2²³ (exact for |v| ≤ 127.5) so that it vectorizes on any x86-64 instead of calling `roundf`.
-fn quantize_block(x: &[f32]) -> Q8Block {
-    const ROUND: f32 = 12_582_912.0;
+/// Rounding to the nearest integer, ties to even, for |v| ≤ 127.5: adding and subtracting 1.5·2²³ (as
+/// llama.cpp's SIMD code rounds), so that it vectorizes instead of calling `roundf`.
+const ROUND: f32 = 12_582_912.0;
+
+/// llama.cpp's `quantize_row_q8_1` for one block (its SIMD rounding, ties to even) into `qs`: returns the scale
+/// and `d · Σq` (both rounded through f16, as stored) and `Σq`.
+fn quantize_block_scalar(x: &[f32], qs: &mut [i8]) -> (f32, f32, i32) {
     let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    let mut qs = [0i8; QK];
     let mut isum = 0i32;
     for (q, v) in qs.iter_mut().zip(x) {
         *q = ((v * id + ROUND) - ROUND) as i8;
         isum += *q as i32;
     }
     let round = |v: f32| f16::from_f32(v).to_f32();
-    Q8Block { qs, d: round(d), s: round(d * isum as f32), isum }
+    (round(d), round(d * isum as f32), isum)
+}
+
+fn quantize_block(x: &[f32]) -> Q8Block {
+    let mut qs = [0i8; QK];
+    let (d, s, isum) = quantize_block_scalar(x, &mut qs);
+    Q8Block { qs, d, s, isum }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -510,6 +527,26 @@ mod avx512 {
         }
     }
 
+    /// [`super::quantize_block_scalar`] for one block with 512-bit registers: the same operations in the same
+    /// order per element, so the same bits.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub unsafe fn quantize_block(x: &[f32], qs: &mut [i8]) -> (f32, f32, i32) {
+        debug_assert!(x.len() == QK && qs.len() == QK);
+        let lo = _mm512_loadu_ps(x.as_ptr());
+        let hi = _mm512_loadu_ps(x.as_ptr().add(16));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let round = _mm512_set1_ps(super::ROUND);
+        let to_int = |v: __m512| _mm512_cvtps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), round), round));
+        let (ql, qh) = (to_int(lo), to_int(hi));
+        _mm_storeu_si128(qs.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(ql));
+        _mm_storeu_si128(qs.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtepi32_epi8(qh));
+        let isum = _mm512_reduce_add_epi32(_mm512_add_epi32(ql, qh));
+        let f16_round = |v: f32| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))));
+        (f16_round(d), f16_round(d * isum as f32), isum)
+    }
+
     /// `R` activation rows (from `r0`) against one interleaved group of 16 weight rows (`w`: `nb` group-blocks):
     /// writes `out[r · stride .. r · stride + 16]` for each. Per row and block: 8 `vpdpbusd` give the 16 integer
     /// dot products, the held-integer offset is subtracted exactly, and one FMA scales them into the sums; the
@@ -560,17 +597,20 @@ mod avx512 {
                 let row = r0 + r;
                 let a = act.qs.as_ptr().add(row * k + b * QK) as *const i32;
                 let y = |c: usize| _mm512_set1_epi32(a.add(c).read_unaligned());
-                let mut d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[0], y(0));
-                let mut d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[1], y(1));
-                let mut d2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[2], y(2));
-                let mut d3 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[3], y(3));
-                d0 = _mm512_dpbusd_epi32(d0, wq[4], y(4));
-                d1 = _mm512_dpbusd_epi32(d1, wq[5], y(5));
-                d2 = _mm512_dpbusd_epi32(d2, wq[6], y(6));
-                d3 = _mm512_dpbusd_epi32(d3, wq[7], y(7));
                 let i = row * nb + b;
-                let dot = _mm512_add_epi32(_mm512_add_epi32(d0, d1), _mm512_add_epi32(d2, d3));
-                let dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(act.correction[i]));
+                // Two chains of four (the rows give the out-of-order core independent work); the exact
+                // integer offset starts one of them, so no subtraction is needed.
+                let mut d0 = if kind.offset() == 0 {
+                    _mm512_setzero_si512()
+                } else {
+                    _mm512_set1_epi32(-act.correction[i])
+                };
+                let mut d1 = _mm512_setzero_si512();
+                for c in (0..8).step_by(2) {
+                    d0 = _mm512_dpbusd_epi32(d0, wq[c], y(c));
+                    d1 = _mm512_dpbusd_epi32(d1, wq[c + 1], y(c + 1));
+                }
+                let dot = _mm512_add_epi32(d0, d1);
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d[i]));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc);
                 if kind == BlockKind::Q4_1 {
@@ -609,6 +649,24 @@ mod tests {
             }
         }
         v
+    }
+
+    /// The vectorized activation quantization gives the scalar one's bits, ties (x.5 after scaling) included.
+    #[test]
+    fn simd_quantization_matches_scalar() {
+        if Simd::detect() != Simd::Avx512 {
+            return;
+        }
+        let mut blocks: Vec<Vec<f32>> = (0..200).map(|b| input(1, QK).iter().map(|v| v * (b as f32 * 0.37 - 20.0)).collect()).collect();
+        blocks.push((0..QK).map(|i| i as f32 - 15.5).collect());
+        blocks.push(vec![0.0; QK]);
+        for x in blocks {
+            let (mut a, mut b) = ([0i8; QK], [0i8; QK]);
+            let scalar = quantize_block_scalar(&x, &mut a);
+            // SAFETY: AVX-512 was detected.
+            let simd = unsafe { avx512::quantize_block(&x, &mut b) };
+            assert_eq!((scalar, a), (simd, b), "block {x:?}");
+        }
     }
 
     /// Against candle's own kernel for these types, which quantizes activations the same way. 70 rows is not a
