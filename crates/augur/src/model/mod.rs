@@ -8,6 +8,7 @@ mod gemma3;
 mod glm4_moe;
 pub mod gemma4;
 pub mod gemma4_assistant;
+mod kquants;
 pub mod kv_cache;
 pub mod layers;
 mod llama;

@@ -11,6 +11,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::Architecture;
+use super::kquants::SuperBlockMatrix;
 use super::qkernels::BlockMatrix;
 use crate::error::{Error, Result};
 
@@ -40,17 +41,24 @@ pub struct Linear {
 #[derive(Clone)]
 enum LinearWeight {
     Candle(QMatMul),
-    /// Block types with our own CPU kernels (see `qkernels`).
+    /// 32-element block types with our own CPU kernels (see `qkernels`).
     Blocks(Arc<BlockMatrix>),
+    /// Q4_K and Q6_K with our own CPU kernels (see `kquants`).
+    SuperBlocks(Arc<SuperBlockMatrix>),
 }
 
 impl Linear {
     fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         let weight = match &weight {
-            QMatMul::QTensor(q) if q.device().is_cpu() => match BlockMatrix::from_qtensor(q)? {
-                Some(b) => LinearWeight::Blocks(Arc::new(b)),
-                None => LinearWeight::Candle(weight),
-            },
+            QMatMul::QTensor(q) if q.device().is_cpu() => {
+                if let Some(b) = BlockMatrix::from_qtensor(q)? {
+                    LinearWeight::Blocks(Arc::new(b))
+                } else if let Some(b) = SuperBlockMatrix::from_qtensor(q)? {
+                    LinearWeight::SuperBlocks(Arc::new(b))
+                } else {
+                    LinearWeight::Candle(weight)
+                }
+            }
             _ => LinearWeight::Candle(weight),
         };
         Ok(Self { weight, bias })
@@ -62,7 +70,7 @@ impl Linear {
         match &self.weight {
             LinearWeight::Candle(QMatMul::QTensor(q)) => q.dtype() == GgmlDType::Q6K,
             LinearWeight::Candle(QMatMul::Tensor(_) | QMatMul::TensorF16(_)) => true,
-            LinearWeight::Blocks(_) => false,
+            LinearWeight::Blocks(_) | LinearWeight::SuperBlocks(_) => false,
         }
     }
 
@@ -75,9 +83,12 @@ impl Linear {
         let mut out_shape = x.dims().to_vec();
         let y = match &self.weight {
             LinearWeight::Blocks(b) => {
-                let xs = x.flatten_all()?.to_vec1::<f32>()?;
                 *out_shape.last_mut().expect("rank >= 1") = b.out_features();
-                Tensor::from_vec(b.matmul(&xs, rows), out_shape, x.device())?
+                Tensor::from_vec(b.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows), out_shape, x.device())?
+            }
+            LinearWeight::SuperBlocks(b) => {
+                *out_shape.last_mut().expect("rank >= 1") = b.out_features();
+                Tensor::from_vec(b.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows), out_shape, x.device())?
             }
             LinearWeight::Candle(w) if rows == 1 && self.single_row_differs() => {
                 let two = x.reshape((1, in_dim))?.repeat((2, 1))?;

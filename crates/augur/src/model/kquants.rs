@@ -1,0 +1,605 @@
+//! Matrix products for the 256-element GGUF "K" types Q4_K and Q6_K (most of Qwen2.5-Coder-1.5B's Q4_K_M
+//! file, and the FFN down projections of the 0.5B), on AVX-512 VNNI machines. Candle's kernels for them
+//! cost 3.6× a one-row product for eight rows on this CPU, which is what verification pays.
+//!
+//! The arithmetic is llama.cpp's: activations quantized per 256 elements to 8 bits (Q8_K: one f32 scale and
+//! integer sums per 16), integer dot products per sub-block, scaled by the sub-block's integer scale, then by
+//! the super-block scales. Each output element gets the same operations in the same order whatever the number
+//! of rows, so a token verified in a block gets the bits it gets decoded alone.
+//!
+//! At load the weights are regrouped by 16 rows, as for the 32-element types (see `qkernels`): one
+//! `vpdpbusd` multiplies 4 weights of each of 16 rows by the same 4 activations, and the 16 sums land in one
+//! register, with no horizontal sums. The regrouped bytes are as many as the file's.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use half::f16;
+
+use super::parallel::{for_each_chunk, SharedOut};
+use crate::error::{Error, Result};
+
+/// Elements per super-block.
+const QK_K: usize = 256;
+/// Weight rows per interleaved group: the 16 i32 lanes of an AVX-512 register.
+const GROUP: usize = 16;
+/// Activation rows that share one unpacking of each weight block.
+const TILE: usize = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KKind {
+    /// `d, dmin: f16, scales: [u8; 12] (8 six-bit scales and mins), qs: [u8; 128]`: value
+    /// `d·sc_j·q − dmin·m_j` for sub-block j of 32, q in 0..16.
+    Q4K,
+    /// `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`: value `d·sc_j·(q − 32)` for sub-block j of 16,
+    /// q in 0..64.
+    Q6K,
+}
+
+impl KKind {
+    fn of(dtype: GgmlDType) -> Option<Self> {
+        match dtype {
+            GgmlDType::Q4K => Some(KKind::Q4K),
+            GgmlDType::Q6K => Some(KKind::Q6K),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one row's super-block in the file.
+    fn block_bytes(self) -> usize {
+        match self {
+            KKind::Q4K => 144,
+            KKind::Q6K => 210,
+        }
+    }
+
+    /// Bytes of a 16-row group's super-block here: Q6_K's are the file's; Q4_K's six-bit scales and mins
+    /// are held as bytes (64 more than the file's 2304, 3%).
+    fn group_bytes(self) -> usize {
+        match self {
+            KKind::Q4K => Q4K_D + 64,
+            KKind::Q6K => Q6K_D + 32,
+        }
+    }
+}
+
+// Offsets inside an interleaved group super-block.
+/// Q4_K and Q6_K: the low four bits of 16 rows × 256 integers, eight 256-byte chunks of 32 columns, each
+/// arranged as four vectors of (16 rows × 4 columns) whose high nibbles hold the next four vectors.
+const NIBBLES: usize = 0;
+/// Q4_K: the 8 scales of the 16 rows, `[8][16]` u8.
+const Q4K_SCALES: usize = 2048;
+/// Q4_K: the 8 mins as pairs, `[4][16][2]` u8 (one `vpdpwssd` takes a pair per row).
+const Q4K_MINS: usize = 2048 + 128;
+/// Q4_K: `d` then `dmin`, `[16]` f16 each.
+const Q4K_D: usize = 2048 + 256;
+/// Q6_K: the fifth and sixth bits, `[8 chunks][2][64]`: byte b of the first 64 holds, in bits 2v..2v+2, the
+/// high bits of byte b of the chunk's vector v (v < 4); the second 64 bytes, vectors 4..8.
+const Q6K_HIGH: usize = 2048;
+/// Q6_K: the 16 scales of the 16 rows, `[16][16]` i8.
+const Q6K_SCALES: usize = 2048 + 1024;
+/// Q6_K: `d`, `[16]` f16.
+const Q6K_D: usize = 2048 + 1024 + 256;
+
+/// A Q4_K or Q6_K weight `[n, k]`, regrouped for the VNNI kernel.
+#[derive(Debug)]
+pub struct SuperBlockMatrix {
+    kind: KKind,
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+}
+
+impl SuperBlockMatrix {
+    /// `Some` for Q4_K and Q6_K on machines with AVX-512 (F, BW, VNNI) and F16C.
+    pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
+        let Some(kind) = KKind::of(q.dtype()) else { return Ok(None) };
+        let (n, k) = q.shape().dims2()?;
+        if k % QK_K != 0 || !avx512::available() {
+            return Ok(None);
+        }
+        let data = q.data()?;
+        let expected = n * (k / QK_K) * kind.block_bytes();
+        if data.len() != expected {
+            return Err(Error::ShapeMismatch {
+                name: format!("{kind:?} block data of a [{n}, {k}] tensor (bytes)"),
+                expected: vec![expected],
+                actual: vec![data.len()],
+            });
+        }
+        Ok(Some(Self { kind, n, k, data: interleave(kind, n, k, &data) }))
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.n
+    }
+
+    /// `x`: `[m, k]` row-major → `[m, n]`.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        debug_assert_eq!(x.len(), m * k);
+        let act = Q8KRows::quantize(x, m, k);
+        let groups = n.div_ceil(GROUP);
+        let padded = groups * GROUP;
+        let group_bytes = (k / QK_K) * self.kind.group_bytes();
+        let mut out = vec![0f32; m * padded];
+        let dst = SharedOut::new(&mut out);
+        for_each_chunk(groups, |range| {
+            for g in range {
+                let w = &self.data[g * group_bytes..(g + 1) * group_bytes];
+                for r0 in (0..m).step_by(TILE) {
+                    let rows = TILE.min(m - r0);
+                    // SAFETY: built only where `avx512::available()`; `w` holds this group's super-blocks;
+                    // this group's 16 columns of `out` (`[m, padded]`) are written by this task only.
+                    unsafe {
+                        let at = dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP);
+                        avx512::tile_fn(self.kind, rows)(w, &act, r0, at, padded);
+                    }
+                }
+            }
+        });
+        if padded != n {
+            out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
+        }
+        out
+    }
+}
+
+/// One row's super-block unpacked: the integers (Q4_K 0..16, Q6_K 0..64), the integer scales per sub-block
+/// (Q4_K 8, Q6_K 16), the Q4_K mins, and `d`, `dmin`.
+struct Unpacked {
+    q: [u8; QK_K],
+    scales: [i8; 16],
+    mins: [u8; 8],
+    d: f32,
+    dmin: f32,
+}
+
+fn unpack(kind: KKind, b: &[u8]) -> Unpacked {
+    let f16_at = |i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let mut u = Unpacked { q: [0; QK_K], scales: [0; 16], mins: [0; 8], d: 0.0, dmin: 0.0 };
+    match kind {
+        KKind::Q4K => {
+            (u.d, u.dmin) = (f16_at(0), f16_at(2));
+            let s = &b[4..16];
+            for j in 0..8 {
+                // ggml's `get_scale_min_k4`.
+                let (sc, m) = if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+                };
+                u.scales[j] = sc as i8;
+                u.mins[j] = m;
+            }
+            let qs = &b[16..144];
+            for (e, q) in u.q.iter_mut().enumerate() {
+                let (j, l) = (e / 32, e % 32);
+                let byte = qs[32 * (j / 2) + l];
+                *q = if j % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+            }
+        }
+        KKind::Q6K => {
+            let (ql, qh) = (&b[0..128], &b[128..192]);
+            for (j, s) in u.scales.iter_mut().enumerate() {
+                *s = b[192 + j] as i8;
+            }
+            u.d = f16_at(208);
+            for (e, q) in u.q.iter_mut().enumerate() {
+                // ggml's `dequantize_row_q6_K`: halves of 128, quarters of 32.
+                let (h, t, l) = (e / 128, e % 128 / 32, e % 32);
+                let low = ql[64 * h + 32 * (t % 2) + l];
+                let low = if t < 2 { low & 0x0F } else { low >> 4 };
+                let high = (qh[32 * h + l] >> (2 * t)) & 3;
+                *q = low | (high << 4);
+            }
+        }
+    }
+    u
+}
+
+/// Regroups the file's row-major super-blocks `[n, k / 256]` into 16-row groups (see the offsets above);
+/// rows past `n` (up to a multiple of 16) are zeros, whose scales 0 make their products 0.
+fn interleave(kind: KKind, n: usize, k: usize, data: &[u8]) -> Vec<u8> {
+    let nsb = k / QK_K;
+    let (bytes, group_bytes) = (kind.block_bytes(), kind.group_bytes());
+    let groups = n.div_ceil(GROUP);
+    let mut out = vec![0u8; groups * nsb * group_bytes];
+    for g in 0..groups {
+        for s in 0..nsb {
+            let dst = &mut out[(g * nsb + s) * group_bytes..][..group_bytes];
+            for i in 0..GROUP {
+                let row = g * GROUP + i;
+                if row >= n {
+                    continue;
+                }
+                let u = unpack(kind, &data[(row * nsb + s) * bytes..][..bytes]);
+                for (e, &q) in u.q.iter().enumerate() {
+                    // Chunk of 32 columns, vector v (columns 4v..4v+4 of the chunk), byte within the vector.
+                    let (chunk, v, j) = (e / 32, e % 32 / 4, e % 4);
+                    let byte = 4 * i + j;
+                    let at = NIBBLES + chunk * 256 + (v % 4) * 64 + byte;
+                    dst[at] |= if v < 4 { q & 0x0F } else { (q & 0x0F) << 4 };
+                    if kind == KKind::Q6K {
+                        dst[Q6K_HIGH + chunk * 128 + (v / 4) * 64 + byte] |= (q >> 4) << (2 * (v % 4));
+                    }
+                }
+                let d_at = |off: usize| off + 2 * i;
+                match kind {
+                    KKind::Q4K => {
+                        for j in 0..8 {
+                            dst[Q4K_SCALES + j * GROUP + i] = u.scales[j] as u8;
+                            dst[Q4K_MINS + (j / 2) * 32 + 2 * i + j % 2] = u.mins[j];
+                        }
+                        dst[d_at(Q4K_D)..][..2].copy_from_slice(&f16::from_f32(u.d).to_le_bytes());
+                        dst[d_at(Q4K_D + 32)..][..2].copy_from_slice(&f16::from_f32(u.dmin).to_le_bytes());
+                    }
+                    KKind::Q6K => {
+                        for j in 0..16 {
+                            dst[Q6K_SCALES + j * GROUP + i] = u.scales[j] as u8;
+                        }
+                        dst[d_at(Q6K_D)..][..2].copy_from_slice(&f16::from_f32(u.d).to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `m` activation rows quantized as llama.cpp's Q8_K: per 256 elements `q = round(−127/max · x)` (`max` the
+/// element of largest magnitude, with its sign) and the scale `d = max/−127` in f32.
+struct Q8KRows {
+    /// `[m, k]`.
+    qs: Vec<i8>,
+    /// `[m, k / 256]`.
+    d: Vec<f32>,
+    /// Integer sums of each 16 elements, `[m, k / 16]`.
+    sum16: Vec<i32>,
+    /// Integer sums of each 32 elements as i16 pairs (sub-blocks 2p and 2p + 1 in one i32), `[m, k / 64]`.
+    sum32_pairs: Vec<i32>,
+}
+
+impl Q8KRows {
+    fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+        let nsb = m * (k / QK_K);
+        let mut rows = Q8KRows {
+            qs: vec![0; m * k],
+            d: Vec::with_capacity(nsb),
+            sum16: Vec::with_capacity(nsb * 16),
+            sum32_pairs: Vec::with_capacity(nsb * 4),
+        };
+        for (src, dst) in x.chunks_exact(QK_K).zip(rows.qs.chunks_exact_mut(QK_K)) {
+            // SAFETY: rows are only quantized for the kernels, which run where AVX-512 was detected.
+            let (d, sums) = unsafe { avx512::quantize_superblock(src, dst) };
+            rows.d.push(d);
+            for p in sums.chunks_exact(4) {
+                let (a, b) = ((p[0] + p[1]) as i16, (p[2] + p[3]) as i16);
+                rows.sum32_pairs.push((a as u16 as u32 | (b as u16 as u32) << 16) as i32);
+            }
+            rows.sum16.extend(sums);
+        }
+        rows
+    }
+}
+
+/// One super-block of [`Q8KRows`] into `qs`: returns the scale and the sums of each 16 integers.
+#[cfg(test)]
+fn quantize_superblock_scalar(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
+    let max = src.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let d = if max == 0.0 {
+        dst.fill(0);
+        0.0
+    } else {
+        let iscale = -127.0 / max;
+        for (q, &v) in dst.iter_mut().zip(src) {
+            *q = (iscale * v).round().clamp(-128.0, 127.0) as i8;
+        }
+        1.0 / iscale
+    };
+    (d, std::array::from_fn(|j| dst[16 * j..16 * (j + 1)].iter().map(|&q| q as i32).sum()))
+}
+
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K, TILE};
+
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("f16c")
+    }
+
+    /// [`super::quantize_superblock_scalar`] with 512-bit registers: the same operations per element (rounding
+    /// half away from zero as `f32::round`), so the same bits.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_superblock(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
+        debug_assert!(src.len() == QK_K && dst.len() == QK_K);
+        let x: [__m512; 16] = std::array::from_fn(|j| _mm512_loadu_ps(src.as_ptr().add(16 * j)));
+        let amax = _mm512_reduce_max_ps(x.iter().fold(_mm512_setzero_ps(), |m, v| _mm512_max_ps(m, _mm512_abs_ps(*v))));
+        if amax == 0.0 {
+            dst.fill(0);
+            return (0.0, [0; 16]);
+        }
+        // The first element of largest magnitude, with its sign.
+        let at = x.iter().enumerate().find_map(|(j, v)| {
+            let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(*v), _mm512_set1_ps(amax));
+            (hit != 0).then(|| 16 * j + hit.trailing_zeros() as usize)
+        });
+        let max = src[at.expect("an element has the largest magnitude")];
+        let iscale = -127.0 / max;
+        let (scale, half, one) = (_mm512_set1_ps(iscale), _mm512_set1_ps(0.5), _mm512_set1_ps(1.0));
+        let sign = _mm512_set1_epi32(i32::MIN);
+        let mut sums = [0i32; 16];
+        for (j, v) in x.iter().enumerate() {
+            let v = _mm512_mul_ps(*v, scale);
+            let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+            let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(v, t)), half);
+            let unit = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), sign), _mm512_castps_si512(one)));
+            let q = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, away, t, unit));
+            _mm_storeu_si128(dst.as_mut_ptr().add(16 * j) as *mut __m128i, _mm512_cvtsepi32_epi8(q));
+            sums[j] = _mm512_reduce_add_epi32(q);
+        }
+        (1.0 / iscale, sums)
+    }
+
+    pub type TileFn = unsafe fn(&[u8], &Q8KRows, usize, *mut f32, usize);
+
+    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]).
+    pub fn tile_fn(kind: KKind, rows: usize) -> TileFn {
+        macro_rules! rows {
+            ($f:ident) => {
+                match rows {
+                    1 => $f::<1>,
+                    2 => $f::<2>,
+                    3 => $f::<3>,
+                    _ => $f::<TILE>,
+                }
+            };
+        }
+        match kind {
+            KKind::Q4K => rows!(q4k_tile),
+            KKind::Q6K => rows!(q6k_tile),
+        }
+    }
+
+    /// The eight 16-row × 4-column vectors of 32 columns (`chunk`), low nibbles only.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn nibbles(blk: *const u8, chunk: usize) -> [__m512i; 8] {
+        let low = _mm512_set1_epi8(0x0F);
+        let mut wq = [_mm512_setzero_si512(); 8];
+        for c in 0..4 {
+            let v = _mm512_loadu_si512(blk.add(NIBBLES + chunk * 256 + 64 * c) as *const _);
+            wq[c] = _mm512_and_si512(v, low);
+            wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        wq
+    }
+
+    /// Σ over 4 vectors of 4 columns: `init + Σ_c wq[c] · a[4c..4c + 4]`, in two chains.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dot16(init: __m512i, wq: &[__m512i], a: *const i32) -> __m512i {
+        let y = |c: usize| _mm512_set1_epi32(a.add(c).read_unaligned());
+        let d0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, wq[0], y(0)), wq[2], y(2));
+        let d1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wq[1], y(1)), wq[3], y(3));
+        _mm512_add_epi32(d0, d1)
+    }
+
+    /// `Σ_c wq[c] · a[4c..4c + 4]` over 32 columns, in two chains.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    unsafe fn dot32(wq: &[__m512i; 8], a: *const i32) -> __m512i {
+        let y = |c: usize| _mm512_set1_epi32(a.add(c).read_unaligned());
+        let (mut d0, mut d1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        for c in (0..8).step_by(2) {
+            d0 = _mm512_dpbusd_epi32(d0, wq[c], y(c));
+            d1 = _mm512_dpbusd_epi32(d1, wq[c + 1], y(c + 1));
+        }
+        _mm512_add_epi32(d0, d1)
+    }
+
+    /// `R` activation rows (from `r0`) against one 16-row group of Q4_K super-blocks: writes
+    /// `out[r · stride .. r · stride + 16]` for each.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    unsafe fn q4k_tile<const R: usize>(w: &[u8], act: &Q8KRows, r0: usize, out: *mut f32, stride: usize) {
+        let bytes = KKind::Q4K.group_bytes();
+        let nsb = w.len() / bytes;
+        let k = nsb * QK_K;
+        let mut acc = [_mm512_setzero_ps(); R];
+        for s in 0..nsb {
+            let blk = w.as_ptr().add(s * bytes);
+            let mut sums = [_mm512_setzero_ps(); R];
+            for j in 0..8 {
+                let wq = nibbles(blk, j);
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q4K_SCALES + 16 * j) as *const _)));
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    let a = act.qs.as_ptr().add((r0 + r) * k + s * QK_K + 32 * j) as *const i32;
+                    let dot = dot32(&wq, a);
+                    *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *sum);
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D) as *const _));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D + 32) as *const _));
+            let mins: [__m512i; 4] =
+                std::array::from_fn(|p| _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _)));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let row_sb = (r0 + r) * nsb + s;
+                let mut msum = _mm512_setzero_si512();
+                for (p, m) in mins.iter().enumerate() {
+                    msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(act.sum32_pairs[row_sb * 4 + p]));
+                }
+                let da = _mm512_set1_ps(act.d[row_sb]);
+                *acc = _mm512_fmadd_ps(sums[r], _mm512_mul_ps(d, da), *acc);
+                *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), *acc);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(r * stride), *acc);
+        }
+    }
+
+    /// As [`q4k_tile`] for Q6_K: 16-column sub-blocks, each integer dot product starting from
+    /// `−32 · Σ activations` (the held integers are `q + 32`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    unsafe fn q6k_tile<const R: usize>(w: &[u8], act: &Q8KRows, r0: usize, out: *mut f32, stride: usize) {
+        let bytes = KKind::Q6K.group_bytes();
+        let nsb = w.len() / bytes;
+        let k = nsb * QK_K;
+        let three = _mm512_set1_epi8(0x30);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for s in 0..nsb {
+            let blk = w.as_ptr().add(s * bytes);
+            let mut sums = [_mm512_setzero_ps(); R];
+            for chunk in 0..8 {
+                let mut wq = nibbles(blk, chunk);
+                for half in 0..2 {
+                    let h = _mm512_loadu_si512(blk.add(Q6K_HIGH + chunk * 128 + 64 * half) as *const _);
+                    // Bits 2v..2v+2 of each byte, moved to bits 4..6.
+                    let fifth = [
+                        _mm512_and_si512(_mm512_slli_epi16(h, 4), three),
+                        _mm512_and_si512(_mm512_slli_epi16(h, 2), three),
+                        _mm512_and_si512(h, three),
+                        _mm512_and_si512(_mm512_srli_epi16(h, 2), three),
+                    ];
+                    for (v, f) in fifth.iter().enumerate() {
+                        wq[4 * half + v] = _mm512_or_si512(wq[4 * half + v], *f);
+                    }
+                }
+                let scale = |j: usize| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(Q6K_SCALES + 16 * j) as *const _)))
+                };
+                let (sc0, sc1) = (scale(2 * chunk), scale(2 * chunk + 1));
+                for (r, sum) in sums.iter_mut().enumerate() {
+                    let row = r0 + r;
+                    let a = act.qs.as_ptr().add(row * k + s * QK_K + 32 * chunk) as *const i32;
+                    let s16 = (row * nsb + s) * 16 + 2 * chunk;
+                    let lo = dot16(_mm512_set1_epi32(-32 * act.sum16[s16]), &wq[..4], a);
+                    let hi = dot16(_mm512_set1_epi32(-32 * act.sum16[s16 + 1]), &wq[4..], a.add(4));
+                    *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), sc0, *sum);
+                    *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), sc1, *sum);
+                }
+            }
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q6K_D) as *const _));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let da = _mm512_set1_ps(act.d[(r0 + r) * nsb + s]);
+                *acc = _mm512_fmadd_ps(sums[r], _mm512_mul_ps(d, da), *acc);
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(r * stride), *acc);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::QMatMul;
+    use candle_core::{Device, Module, Tensor};
+
+    use super::*;
+
+    fn weights(kind: GgmlDType, n: usize, k: usize) -> QTensor {
+        let vals: Vec<f32> =
+            (0..n * k).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * (1.0 + (i / 64 % 7) as f32)).collect();
+        QTensor::quantize(&Tensor::from_vec(vals, (n, k), &Device::Cpu).unwrap(), kind).unwrap()
+    }
+
+    fn input(m: usize, k: usize) -> Vec<f32> {
+        (0..m * k).map(|i| ((i * 13 % 29) as f32 / 14.0 - 1.0) * 0.5).collect()
+    }
+
+    /// The vectorized activation quantization gives the scalar one's bits (halves included) and candle's.
+    #[test]
+    fn simd_quantization_matches_scalar_and_candle() {
+        use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
+        if !avx512::available() {
+            return;
+        }
+        let mut blocks: Vec<Vec<f32>> = (0..50).map(|b| input(1, QK_K).iter().map(|v| v * (b as f32 - 25.0)).collect()).collect();
+        // Exact halves after scaling by −127/max (max = −127): 0.5, 1.5, ... and their negatives.
+        blocks.push((0..QK_K).map(|i| if i == 0 { -127.0 } else { (i as f32 - 128.0) + 0.5 }).collect());
+        blocks.push(vec![0.0; QK_K]);
+        for x in blocks {
+            let (mut a, mut b) = ([0i8; QK_K], [0i8; QK_K]);
+            let scalar = quantize_superblock_scalar(&x, &mut a);
+            // SAFETY: AVX-512 was detected.
+            let simd = unsafe { avx512::quantize_superblock(&x, &mut b) };
+            assert_eq!((scalar, a), (simd, b), "block {x:?}");
+            let mut reference = [BlockQ8K::zeros()];
+            BlockQ8K::from_float(&x, &mut reference);
+            let mut dequantized = [0f32; QK_K];
+            BlockQ8K::to_float(&reference, &mut dequantized);
+            let ours: Vec<f32> = a.iter().map(|&q| scalar.0 * q as f32).collect();
+            assert_eq!(ours, dequantized);
+        }
+    }
+
+    /// Unpacking each row's super-blocks gives candle's dequantized weights.
+    #[test]
+    fn unpack_matches_candle_dequantization() {
+        for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let q = weights(kind, 3, 512);
+            let reference = q.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let kk = KKind::of(kind).unwrap();
+            let data = q.data().unwrap();
+            for (b, block) in data.chunks_exact(kk.block_bytes()).enumerate() {
+                let u = unpack(kk, block);
+                for e in 0..QK_K {
+                    let v = match kk {
+                        KKind::Q4K => u.d * u.scales[e / 32] as f32 * u.q[e] as f32 - u.dmin * u.mins[e / 32] as f32,
+                        KKind::Q6K => u.d * u.scales[e / 16] as f32 * (u.q[e] as f32 - 32.0),
+                    };
+                    let r = reference[b * QK_K + e];
+                    assert!((v - r).abs() <= 1e-5 * (1.0 + r.abs()), "{kind:?} block {b} [{e}]: {v} vs {r}");
+                }
+            }
+        }
+    }
+
+    /// Against candle's kernels, which quantize activations the same way (Q8_K); 70 weight rows is not a
+    /// multiple of the group, so the padding is covered, and 6 activation rows take two tiles.
+    #[test]
+    fn matches_candle_kernel() {
+        if !avx512::available() {
+            return;
+        }
+        for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let (n, k, m) = (70, 512, 6);
+            let q = weights(kind, n, k);
+            let sb = SuperBlockMatrix::from_qtensor(&q).unwrap().unwrap();
+            let x = input(m, k);
+            let y = sb.matmul(&x, m);
+            let reference = QMatMul::from_qtensor(q)
+                .unwrap()
+                .forward(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap())
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            assert_eq!(y.len(), reference.len());
+            for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
+                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{kind:?} [{i}]: {a} vs candle {b}");
+            }
+        }
+    }
+
+    /// A row's result does not depend on the other rows in the block.
+    #[test]
+    fn rows_are_independent() {
+        if !avx512::available() {
+            return;
+        }
+        for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            let (n, k, m) = (40, 768, 7);
+            let sb = SuperBlockMatrix::from_qtensor(&weights(kind, n, k)).unwrap().unwrap();
+            let x = input(m, k);
+            let block = sb.matmul(&x, m);
+            for r in 0..m {
+                assert_eq!(sb.matmul(&x[r * k..(r + 1) * k], 1), block[r * n..(r + 1) * n], "{kind:?} row {r}");
+            }
+        }
+    }
+}
