@@ -134,30 +134,33 @@ fn speed(pipe: &mut Pipeline, args: &BenchArgs) -> Result<Value> {
         out["decode_tokens_per_s"] = json!(tps);
     }
     if !args.k.is_empty() {
+        if args.k.contains(&0) {
+            bail!("--k values must be at least 1");
+        }
         let context = synthetic_tokens(64, vocab);
-        let mut curve = BTreeMap::new();
-        let mut base = None;
-        for &k in std::iter::once(&1).chain(args.k.iter().filter(|&&k| k != 1)) {
-            if k == 0 {
-                bail!("--k values must be at least 1");
-            }
-            let block = synthetic_tokens(k, vocab);
-            let mut secs = Vec::new();
-            model.truncate(0);
-            model.forward(&context, &ForwardOptions::logits(LogitRows::None))?;
-            // As in a speculative round: the block is verified, then cut back; one warm-up round first, then
-            // enough repetitions for a stable median of a millisecond-scale operation.
-            for rep in 0..=args.reps.max(9) {
+        let ks: Vec<usize> = std::iter::once(1).chain(args.k.iter().copied().filter(|&k| k != 1)).collect();
+        let blocks: Vec<Vec<u32>> = ks.iter().map(|&k| synthetic_tokens(k, vocab)).collect();
+        model.truncate(0);
+        model.forward(&context, &ForwardOptions::logits(LogitRows::None))?;
+        // As in a speculative round: the block is verified, then cut back. The block sizes take turns within
+        // each repetition, so that a slower or faster spell of the machine weighs on all of them alike; one
+        // warm-up round first, then enough repetitions for a stable median of a millisecond-scale operation.
+        let mut secs = vec![Vec::new(); ks.len()];
+        for rep in 0..=args.reps.max(9) {
+            for (i, block) in blocks.iter().enumerate() {
                 model.truncate(context.len());
-                let s = timed(model, &block, LogitRows::Last(k))?;
+                let s = timed(model, block, LogitRows::Last(block.len()))?;
                 if rep > 0 {
-                    secs.push(s);
+                    secs[i].push(s);
                 }
             }
-            let s = median(secs);
-            let b = *base.get_or_insert(s);
-            println!("forward k={k:<2} at context 64: {:>8.2} ms = {:.2}x a one-token forward", s * 1e3, s / b);
-            curve.insert(k.to_string(), json!({ "seconds": s, "relative": s / b }));
+        }
+        let mut curve = BTreeMap::new();
+        let base = median(secs[0].clone());
+        for (k, s) in ks.iter().zip(secs) {
+            let s = median(s);
+            println!("forward k={k:<2} at context 64: {:>8.2} ms = {:.2}x a one-token forward", s * 1e3, s / base);
+            curve.insert(k.to_string(), json!({ "seconds": s, "relative": s / base }));
         }
         out["k_cost"] = json!(curve);
     }

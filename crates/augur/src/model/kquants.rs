@@ -22,7 +22,7 @@ const QK_K: usize = 256;
 /// Weight rows per interleaved group: the 16 i32 lanes of an AVX-512 register.
 const GROUP: usize = 16;
 /// Activation rows that share one unpacking of each weight block.
-const TILE: usize = 4;
+const TILE: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KKind {
@@ -353,6 +353,10 @@ mod avx512 {
                     1 => $f::<1>,
                     2 => $f::<2>,
                     3 => $f::<3>,
+                    4 => $f::<4>,
+                    5 => $f::<5>,
+                    6 => $f::<6>,
+                    7 => $f::<7>,
                     _ => $f::<TILE>,
                 }
             };

@@ -165,8 +165,8 @@ impl BlockMatrix {
         for_each_chunk(groups, |range| {
             for g in range {
                 let w = &self.data[g * group_bytes..(g + 1) * group_bytes];
-                for r0 in (0..m).step_by(TILE) {
-                    let rows = TILE.min(m - r0);
+                for r0 in (0..m).step_by(GROUP_TILE) {
+                    let rows = GROUP_TILE.min(m - r0);
                     // SAFETY: `Interleaved` is only built where AVX-512 (F, BW, VNNI) and F16C were detected;
                     // `w` holds `nb` group-blocks of `kind`; this group's 16 columns of `out` (`[m, padded]`)
                     // are written by this task only.
@@ -217,8 +217,10 @@ impl BlockMatrix {
     }
 }
 
-/// Activation rows that share one unpacking of each weight block.
+/// Activation rows that share one unpacking of each weight block: in the row layout (16 AVX2 registers)
+/// and in the interleaved one (32 AVX-512 registers).
 const TILE: usize = 4;
+const GROUP_TILE: usize = 8;
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
 /// multiple of 16) are zero blocks, whose scale 0 makes their products 0.
@@ -499,14 +501,14 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, QK, TILE};
+    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, GROUP_TILE, QK};
 
     /// A [`group_tile`] instance for one weight type and row count.
     pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
 
     const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
 
-    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]): with both constant, the type's branches
+    /// The instance compiled for `kind` and `rows` (1 to [`GROUP_TILE`]): with both constant, the type's branches
     /// fold away from the inner loop.
     pub fn tile_fn(kind: BlockKind, rows: usize) -> TileFn {
         macro_rules! rows {
@@ -515,7 +517,11 @@ mod avx512 {
                     1 => group_tile::<1, $k>,
                     2 => group_tile::<2, $k>,
                     3 => group_tile::<3, $k>,
-                    _ => group_tile::<TILE, $k>,
+                    4 => group_tile::<4, $k>,
+                    5 => group_tile::<5, $k>,
+                    6 => group_tile::<6, $k>,
+                    7 => group_tile::<7, $k>,
+                    _ => group_tile::<GROUP_TILE, $k>,
                 }
             };
         }
