@@ -449,7 +449,7 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4> {
         .collect::<Result<Vec<_>>>()?;
     let embed = w.embedding(&format!("{pre}.embed_tokens.weight"), cfg.vocab_size, cfg.hidden_size)?;
     let lm_head = if cfg.tie_word_embeddings {
-        embed.as_linear()?
+        embed.as_linear(w)?
     } else {
         w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?
     };

@@ -15,6 +15,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 use super::parallel::{for_each_chunk, SharedOut};
+use super::qkernels::{regroup, rows_of, RowReader};
 use crate::error::{Error, Result};
 
 /// Elements per super-block.
@@ -105,7 +106,18 @@ impl SuperBlockMatrix {
                 actual: vec![data.len()],
             });
         }
-        Ok(Some(Self { kind, n, k, data: interleave(kind, n, k, &data) }))
+        let data = interleave(kind, n, k, &mut rows_of(&data, expected / n.max(1)))?;
+        Ok(Some(Self { kind, n, k, data }))
+    }
+
+    /// As [`Self::from_qtensor`], from the stored rows 16 at a time: the tensor is never held twice while it is
+    /// regrouped.
+    pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
+        let Some(kind) = KKind::of(dtype) else { return Ok(None) };
+        if k % QK_K != 0 || !avx512::available() {
+            return Ok(None);
+        }
+        Ok(Some(Self { kind, n, k, data: interleave(kind, n, k, read)? }))
     }
 
     pub fn out_features(&self) -> usize {
@@ -198,51 +210,52 @@ fn unpack(kind: KKind, b: &[u8]) -> Unpacked {
 
 /// Regroups the file's row-major super-blocks `[n, k / 256]` into 16-row groups (see the offsets above);
 /// rows past `n` (up to a multiple of 16) are zeros, whose scales 0 make their products 0.
-fn interleave(kind: KKind, n: usize, k: usize, data: &[u8]) -> Vec<u8> {
+fn interleave(kind: KKind, n: usize, k: usize, read: &mut RowReader) -> Result<Vec<u8>> {
     let nsb = k / QK_K;
     let (bytes, group_bytes) = (kind.block_bytes(), kind.group_bytes());
-    let groups = n.div_ceil(GROUP);
-    let mut out = vec![0u8; groups * nsb * group_bytes];
-    for g in 0..groups {
-        for s in 0..nsb {
-            let dst = &mut out[(g * nsb + s) * group_bytes..][..group_bytes];
-            for i in 0..GROUP {
-                let row = g * GROUP + i;
-                if row >= n {
-                    continue;
-                }
-                let u = unpack(kind, &data[(row * nsb + s) * bytes..][..bytes]);
-                for (e, &q) in u.q.iter().enumerate() {
-                    // Chunk of 32 columns, vector v (columns 4v..4v+4 of the chunk), byte within the vector.
-                    let (chunk, v, j) = (e / 32, e % 32 / 4, e % 4);
-                    let byte = 4 * i + j;
-                    let at = NIBBLES + chunk * 256 + (v % 4) * 64 + byte;
-                    dst[at] |= if v < 4 { q & 0x0F } else { (q & 0x0F) << 4 };
-                    if kind == KKind::Q6K {
-                        dst[Q6K_HIGH + chunk * 128 + (v / 4) * 64 + byte] |= (q >> 4) << (2 * (v % 4));
-                    }
-                }
-                let d_at = |off: usize| off + 2 * i;
-                match kind {
-                    KKind::Q4K => {
-                        for j in 0..8 {
-                            dst[Q4K_SCALES + j * GROUP + i] = u.scales[j] as u8;
-                            dst[Q4K_MINS + (j / 2) * 32 + 2 * i + j % 2] = u.mins[j];
-                        }
-                        dst[d_at(Q4K_D)..][..2].copy_from_slice(&f16::from_f32(u.d).to_le_bytes());
-                        dst[d_at(Q4K_D + 32)..][..2].copy_from_slice(&f16::from_f32(u.dmin).to_le_bytes());
-                    }
-                    KKind::Q6K => {
-                        for j in 0..16 {
-                            dst[Q6K_SCALES + j * GROUP + i] = u.scales[j] as u8;
-                        }
-                        dst[d_at(Q6K_D)..][..2].copy_from_slice(&f16::from_f32(u.d).to_le_bytes());
-                    }
+    regroup(n, nsb * bytes, nsb * group_bytes, read, |rows, group| {
+        for (i, row) in rows.chunks_exact(nsb * bytes).enumerate() {
+            for (src, dst) in row.chunks_exact(bytes).zip(group.chunks_exact_mut(group_bytes)) {
+                place(kind, i, &unpack(kind, src), dst);
+            }
+        }
+    })
+}
+
+/// Writes row `i` of a group's super-block.
+fn place(kind: KKind, i: usize, u: &Unpacked, dst: &mut [u8]) {
+    for chunk in 0..8 {
+        let q = &u.q[32 * chunk..32 * (chunk + 1)];
+        for v in 0..4 {
+            for t in 0..4 {
+                // Columns 4v + t in the low nibble, 16 + 4v + t in the high nibble.
+                let (lo, hi) = (q[4 * v + t], q[16 + 4 * v + t]);
+                dst[NIBBLES + chunk * 256 + v * 64 + 4 * i + t] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+                if kind == KKind::Q6K {
+                    let high = &mut dst[Q6K_HIGH + chunk * 128..];
+                    high[4 * i + t] |= (lo >> 4) << (2 * v);
+                    high[64 + 4 * i + t] |= (hi >> 4) << (2 * v);
                 }
             }
         }
     }
-    out
+    let d_at = |off: usize| off + 2 * i;
+    match kind {
+        KKind::Q4K => {
+            for j in 0..8 {
+                dst[Q4K_SCALES + j * GROUP + i] = u.scales[j] as u8;
+                dst[Q4K_MINS + (j / 2) * 32 + 2 * i + j % 2] = u.mins[j];
+            }
+            dst[d_at(Q4K_D)..][..2].copy_from_slice(&f16::from_f32(u.d).to_le_bytes());
+            dst[d_at(Q4K_D + 32)..][..2].copy_from_slice(&f16::from_f32(u.dmin).to_le_bytes());
+        }
+        KKind::Q6K => {
+            for j in 0..16 {
+                dst[Q6K_SCALES + j * GROUP + i] = u.scales[j] as u8;
+            }
+            dst[d_at(Q6K_D)..][..2].copy_from_slice(&f16::from_f32(u.d).to_le_bytes());
+        }
+    }
 }
 
 /// `m` activation rows quantized as llama.cpp's Q8_K: per 256 elements `q = round(−127/max · x)` (`max` the

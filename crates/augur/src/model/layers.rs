@@ -604,7 +604,7 @@ impl<B: Block> Decoder<B> {
     ) -> Result<Self> {
         let embed = w.embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?;
         let lm_head = if cfg.tie_word_embeddings {
-            embed.as_linear()?
+            embed.as_linear(w)?
         } else {
             w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?
         };

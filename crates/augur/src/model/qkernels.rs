@@ -135,9 +135,20 @@ impl BlockMatrix {
         }
         let data = match layout {
             Layout::Rows => data.into_owned(),
-            Layout::Interleaved => interleave(kind, n, k, &data),
+            Layout::Interleaved => interleave(kind, n, k, &mut rows_of(&data, expected / n.max(1)))?,
         };
         Ok(Some(Self { kind, layout, n, k, data }))
+    }
+
+    /// `Some` where [`Self::from_qtensor`] would take the interleaved layout, built from the stored rows 16 at
+    /// a time: the tensor is never held twice while it is regrouped.
+    pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
+        let Some(kind) = BlockKind::of(dtype) else { return Ok(None) };
+        if k % QK != 0 || Simd::detect() != Simd::Avx512 {
+            return Ok(None);
+        }
+        let data = interleave(kind, n, k, read)?;
+        Ok(Some(Self { kind, layout: Layout::Interleaved, n, k, data }))
     }
 
     pub fn out_features(&self) -> usize {
@@ -224,35 +235,31 @@ const GROUP_TILE: usize = 8;
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
 /// multiple of 16) are zero blocks, whose scale 0 makes their products 0.
-fn interleave(kind: BlockKind, n: usize, k: usize, data: &[u8]) -> Vec<u8> {
+fn interleave(kind: BlockKind, n: usize, k: usize, read: &mut RowReader) -> Result<Vec<u8>> {
     let nb = k / QK;
     let bytes = kind.block_bytes();
-    let groups = n.div_ceil(GROUP);
     let quant_bytes = group_quant_bytes(kind);
-    let mut out = vec![0u8; groups * nb * GROUP * bytes];
-    for g in 0..groups {
-        for b in 0..nb {
-            let dst = &mut out[(g * nb + b) * GROUP * bytes..][..GROUP * bytes];
-            for i in 0..GROUP {
-                let row = g * GROUP + i;
-                if row >= n {
-                    continue;
-                }
-                let src = &data[(row * nb + b) * bytes..][..bytes];
+    regroup(n, nb * bytes, nb * GROUP * bytes, read, |rows, group| {
+        for (i, row) in rows.chunks_exact(nb * bytes).enumerate() {
+            for (src, dst) in row.chunks_exact(bytes).zip(group.chunks_exact_mut(GROUP * bytes)) {
                 let (q, _, _) = unpack_scalar(kind, src);
-                for c in 0..QK / 4 {
+                for c in 0..4 {
                     for j in 0..4 {
-                        let v = q[4 * c + j];
-                        match kind {
-                            BlockKind::Q8_0 => dst[c * 64 + 4 * i + j] = v,
-                            // Chunk c < 4 in the low nibbles, chunk c + 4 in the high nibbles, of the same bytes.
-                            _ if c < 4 => dst[c * 64 + 4 * i + j] |= v & 0x0F,
-                            _ => dst[(c - 4) * 64 + 4 * i + j] |= (v & 0x0F) << 4,
+                        let (lo, hi) = (q[4 * c + j], q[16 + 4 * c + j]);
+                        let at = c * 64 + 4 * i + j;
+                        if kind == BlockKind::Q8_0 {
+                            dst[at] = lo;
+                            dst[at + 256] = hi;
+                        } else {
+                            // Chunk c in the low nibbles, chunk c + 4 in the high nibbles, of the same bytes.
+                            dst[at] = (lo & 0x0F) | ((hi & 0x0F) << 4);
                         }
-                        if kind == BlockKind::Q5_0 && v & 0x10 != 0 {
-                            let bit = 4 * i + j;
-                            dst[256 + c * 8 + bit / 8] |= 1 << (bit % 8);
-                        }
+                    }
+                }
+                if kind == BlockKind::Q5_0 {
+                    for (e, v) in q.iter().enumerate() {
+                        let bit = 4 * i + e % 4;
+                        dst[256 + e / 4 * 8 + bit / 8] |= ((v >> 4) & 1) << (bit % 8);
                     }
                 }
                 dst[quant_bytes + 2 * i..][..2].copy_from_slice(&src[..2]);
@@ -261,8 +268,41 @@ fn interleave(kind: BlockKind, n: usize, k: usize, data: &[u8]) -> Vec<u8> {
                 }
             }
         }
+    })
+}
+
+/// Groups of 16 weight rows read at once when regrouping at load (a few megabytes at most).
+const LOAD_GROUPS: usize = 128;
+
+/// Regroups `n` stored rows of `row_bytes` (which `read` gives) into groups of 16 rows, `group_bytes` each:
+/// `place(rows, group)` writes one group from its rows (16, or fewer in the last group), the groups of a read
+/// in parallel. The regrouped tensor is the only full copy held.
+pub fn regroup(
+    n: usize,
+    row_bytes: usize,
+    group_bytes: usize,
+    read: &mut RowReader,
+    place: impl Fn(&[u8], &mut [u8]) + Sync,
+) -> Result<Vec<u8>> {
+    use rayon::prelude::*;
+    let groups = n.div_ceil(GROUP);
+    let mut out = vec![0u8; groups * group_bytes];
+    for (batch, dst) in out.chunks_mut(LOAD_GROUPS * group_bytes).enumerate() {
+        let first = batch * LOAD_GROUPS * GROUP;
+        let rows = read(first..n.min(first + LOAD_GROUPS * GROUP))?;
+        dst.par_chunks_mut(group_bytes)
+            .zip(rows.par_chunks(GROUP * row_bytes))
+            .for_each(|(group, rows)| place(rows, group));
     }
-    out
+    Ok(out)
+}
+
+/// Gives the stored bytes of a range of weight rows (row-major, as in the file).
+pub type RowReader<'a> = dyn FnMut(std::ops::Range<usize>) -> Result<Vec<u8>> + 'a;
+
+/// The reader over a tensor already in memory, `row_bytes` per row.
+pub fn rows_of(data: &[u8], row_bytes: usize) -> impl FnMut(std::ops::Range<usize>) -> Result<Vec<u8>> + '_ {
+    move |rows| Ok(data[rows.start * row_bytes..rows.end * row_bytes].to_vec())
 }
 
 /// Bytes before the scales in an interleaved group-block: the integers and, for Q5_0, the fifth bits.

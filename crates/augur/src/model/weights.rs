@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::Architecture;
 use super::kquants::SuperBlockMatrix;
-use super::qkernels::BlockMatrix;
+use super::qkernels::{BlockMatrix, RowReader};
 use crate::error::{Error, Result};
 
 enum Source {
@@ -48,6 +48,18 @@ enum LinearWeight {
 }
 
 impl Linear {
+    /// From a tensor's stored rows, where one of our kernels takes its type on this machine.
+    fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader, bias: Option<Tensor>) -> Result<Option<Self>> {
+        let weight = if let Some(b) = BlockMatrix::from_stored(dtype, n, k, read)? {
+            LinearWeight::Blocks(Arc::new(b))
+        } else if let Some(b) = SuperBlockMatrix::from_stored(dtype, n, k, read)? {
+            LinearWeight::SuperBlocks(Arc::new(b))
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Self { weight, bias }))
+    }
+
     fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         let weight = match &weight {
             QMatMul::QTensor(q) if q.device().is_cpu() => {
@@ -105,11 +117,27 @@ impl Linear {
     }
 }
 
-/// Token embeddings `[vocab, hidden]`; quantized tables stay quantized and are looked up row by row.
+/// Token embeddings `[vocab, hidden]`. A quantized GGUF table stays in the file: each forward reads and
+/// dequantizes the rows of its tokens, so the table (Qwen2.5-1.5B's is 131 MB) is not resident.
 #[derive(Clone)]
 pub enum Embedding {
     Dense(Tensor),
-    Quantized(Arc<QTensor>),
+    Stored(Arc<StoredTable>),
+}
+
+/// A GGUF tensor's place in its file, read a row at a time.
+pub struct StoredTable {
+    file: Mutex<File>,
+    path: PathBuf,
+    name: String,
+    /// Byte offset of row 0 in the file.
+    start: u64,
+    row_bytes: usize,
+    dtype: GgmlDType,
+    rows: usize,
+    hidden: usize,
+    /// The name the table is loaded under as an LM head (tied embeddings).
+    hf_prefix: String,
 }
 
 impl Embedding {
@@ -117,17 +145,42 @@ impl Embedding {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         Ok(match self {
             Embedding::Dense(t) => t.embedding(ids)?,
-            Embedding::Quantized(q) => q.embedding(ids)?,
+            Embedding::Stored(table) => table.rows(&ids.to_vec1::<u32>()?, ids.device())?,
         })
     }
 
     /// The same table as an LM head (tied embeddings).
-    pub fn as_linear(&self) -> Result<Linear> {
+    pub fn as_linear(&self, w: &Weights) -> Result<Linear> {
         let weight = match self {
             Embedding::Dense(t) => QMatMul::Tensor(t.clone()),
-            Embedding::Quantized(q) => QMatMul::from_arc(q.clone())?,
+            Embedding::Stored(table) => return w.linear(&table.hf_prefix, table.rows, table.hidden, false),
         };
         Linear::new(weight, None)
+    }
+}
+
+impl StoredTable {
+    /// `[ids.len(), hidden]` f32 on `device`.
+    fn rows(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut out = Vec::with_capacity(ids.len() * self.hidden);
+        let mut bytes = vec![0u8; self.row_bytes];
+        // A panic elsewhere while holding the lock leaves the file handle as usable as before.
+        let mut file = self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for &id in ids {
+            if id as usize >= self.rows {
+                return Err(Error::InvalidOption(format!(
+                    "token id {id} is outside the {} rows of `{}`",
+                    self.rows, self.name
+                )));
+            }
+            file.seek(SeekFrom::Start(self.start + id as u64 * self.row_bytes as u64))
+                .and_then(|_| file.read_exact(&mut bytes))
+                .map_err(|e| Error::io(&self.path, e))?;
+            let row = candle_core::quantized::ggml_file::qtensor_from_ggml(self.dtype, &bytes, vec![self.hidden], &Device::Cpu)?;
+            out.extend(row.dequantize(&Device::Cpu)?.to_vec1::<f32>()?);
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), self.hidden), device)?)
     }
 }
 
@@ -327,22 +380,69 @@ impl Weights {
 
     pub fn linear(&self, hf_prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
         let wname = format!("{hf_prefix}.weight");
+        let bias_of = || -> Result<Option<Tensor>> {
+            Ok(if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None })
+        };
+        if let Some((dtype, mut read)) = self.stored_rows(&wname, &[out_dim, in_dim])? {
+            if let Some(linear) = Linear::from_stored(dtype, out_dim, in_dim, &mut read, bias_of()?)? {
+                return Ok(linear);
+            }
+        }
         let weight = match self.quantized(&wname, &[out_dim, in_dim])? {
             Some(q) => QMatMul::from_arc(q)?,
             None => QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?),
         };
-        let bias = if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None };
-        Linear::new(weight, bias)
+        Linear::new(weight, bias_of()?)
+    }
+
+    /// A quantized GGUF tensor `[rows, cols]` (shape checked) on a CPU load: its type and a reader of its
+    /// stored rows, for kernels that regroup the rows at load.
+    fn stored_rows(&self, hf: &str, shape: &[usize]) -> Result<Option<(GgmlDType, Box<RowReader<'_>>)>> {
+        let Source::Gguf { content, file } = &self.source else { return Ok(None) };
+        if self.dequantize || !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let name = self.stored_name(hf);
+        let info = content.tensor_infos.get(&name).ok_or_else(|| self.missing(name.clone()))?;
+        Self::check_shape(&name, info.shape.dims(), shape)?;
+        let dtype = info.ggml_dtype;
+        let row_bytes = shape[1] / dtype.block_size() * dtype.type_size();
+        let start = content.tensor_data_offset + info.offset;
+        let read = move |rows: std::ops::Range<usize>| -> Result<Vec<u8>> {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut bytes = vec![0u8; rows.len() * row_bytes];
+            let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            file.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64))
+                .and_then(|_| file.read_exact(&mut bytes))
+                .map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))?;
+            Ok(bytes)
+        };
+        Ok(Some((dtype, Box::new(read))))
     }
 
     pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
-        match self.quantized(hf, &[vocab, hidden])? {
-            Some(q) if matches!(q.dtype(), GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) => {
-                Ok(Embedding::Dense(q.dequantize(&self.device)?))
+        if let Source::Gguf { content, .. } = &self.source {
+            let name = self.stored_name(hf);
+            let info = content.tensor_infos.get(&name).ok_or_else(|| self.missing(name.clone()))?;
+            Self::check_shape(&name, info.shape.dims(), &[vocab, hidden])?;
+            let dtype = info.ggml_dtype;
+            // Float tables are used dense, as are all tables of a dequantized load.
+            if !self.dequantize && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+                let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+                return Ok(Embedding::Stored(Arc::new(StoredTable {
+                    file: Mutex::new(file),
+                    path: self.path.clone(),
+                    start: content.tensor_data_offset + info.offset,
+                    row_bytes: hidden / dtype.block_size() * dtype.type_size(),
+                    dtype,
+                    rows: vocab,
+                    hidden,
+                    hf_prefix: hf.strip_suffix(".weight").unwrap_or(hf).to_string(),
+                    name,
+                })));
             }
-            Some(q) => Ok(Embedding::Quantized(q)),
-            None => Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?)),
         }
+        Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?))
     }
 
     /// Quantization types of the stored tensors with their counts, for `augur info`.
