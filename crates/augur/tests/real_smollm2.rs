@@ -81,3 +81,22 @@ impl PathBufExt {
             .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
     }
 }
+
+/// A shortened LM head (`ForwardOptions::head_rows`, an assistant's short head) gives, bit for bit, the first
+/// columns of the whole head's logits, on the quantized path where the product reads only those weight rows
+/// (SmolLM2's tied head; 1000 is not a multiple of the kernels' 16-row groups).
+#[test]
+fn short_head_logits_are_the_full_head_logits() {
+    use augur::model::{ForwardOptions, LogitRows};
+    let mut lm = load(&real_model(FILE), false);
+    let tokens = [1u32, 504, 3458, 314, 2374, 28];
+    let full = lm.model.forward(&tokens, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap();
+    lm.model.truncate(0);
+    let opts = ForwardOptions { head_rows: Some(1000), ..ForwardOptions::logits(LogitRows::All) };
+    let short = lm.model.forward(&tokens, &opts).unwrap().logits.unwrap();
+    assert_eq!(short.dims(), &[tokens.len(), 1000]);
+    let (full, short) = (full.to_vec2::<f32>().unwrap(), short.to_vec2::<f32>().unwrap());
+    for (f, s) in full.iter().zip(&short) {
+        assert_eq!(&f[..1000], &s[..]);
+    }
+}

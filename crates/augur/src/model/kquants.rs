@@ -125,8 +125,15 @@ impl SuperBlockMatrix {
     }
 
     /// `x`: `[m, k]` row-major → `[m, n]`.
+    #[cfg(test)]
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (n, k) = (self.n, self.k);
+        self.matmul_first(x, m, self.n)
+    }
+
+    /// The first `n` outputs of [`Self::matmul`] (`[m, n]`), reading only those weight rows; each is the same
+    /// as in the full product.
+    pub fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
+        let (n, k) = (n.min(self.n), self.k);
         debug_assert_eq!(x.len(), m * k);
         let act = Q8KRows::quantize(x, m, k);
         let groups = n.div_ceil(GROUP);

@@ -691,14 +691,16 @@ impl<B: Block> Decoder<B> {
             outputs.push((picked.as_ref().map(|p| p.dim(0)).transpose()?, hidden));
             logit_rows.extend(picked);
         }
-        // One LM-head product over the logit rows of every sequence.
+        // One LM-head product over the logit rows of every sequence, over the first rows of the head when
+        // every sequence asks for no more.
+        let head_rows = jobs.iter().map(|j| j.opts.head_rows).try_fold(0, |n, h| h.map(|h| n.max(h)));
         let logits = match logit_rows.len() {
             0 => None,
             1 => logit_rows.pop(),
             _ => Some(Tensor::cat(&logit_rows, 0)?),
         }
         .map(|r| -> Result<Tensor> {
-            let mut l = self.lm_head.forward(&self.norm.forward(&r)?)?;
+            let mut l = self.lm_head.forward_first(&self.norm.forward(&r)?, head_rows.unwrap_or(usize::MAX))?;
             if let Some(cap) = self.cfg.final_logit_softcapping {
                 l = ((l / cap)?.tanh()? * cap)?;
             }

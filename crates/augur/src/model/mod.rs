@@ -51,11 +51,14 @@ pub struct ForwardOptions {
     /// next full forward reuses these positions where its tokens match them and discards the rest, and
     /// `truncate` cuts them back like any cached position.
     pub exit_layer: Option<usize>,
+    /// Logits for token ids `0..n` only (`[rows, n]`), each as the full head computes it: the LM head reads
+    /// only those rows of its weight (a drafter's shortened head, see the assistant drafter).
+    pub head_rows: Option<usize>,
 }
 
 impl ForwardOptions {
     pub fn logits(rows: LogitRows) -> Self {
-        Self { logits: rows, hidden_states: false, exit_layer: None }
+        Self { logits: rows, hidden_states: false, exit_layer: None, head_rows: None }
     }
 }
 

@@ -156,16 +156,24 @@ impl BlockMatrix {
     }
 
     /// `x`: `[m, k]` row-major → `[m, n]`.
+    #[cfg(test)]
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        self.matmul_first(x, m, self.n)
+    }
+
+    /// The first `n` outputs of [`Self::matmul`] (`[m, n]`), reading only those weight rows; each is the same
+    /// as in the full product.
+    pub fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
         debug_assert_eq!(x.len(), m * self.k);
+        let n = n.min(self.n);
         match self.layout {
-            Layout::Rows => self.matmul_rows(x, m),
-            Layout::Interleaved => self.matmul_interleaved(x, m),
+            Layout::Rows => self.matmul_rows(x, m, n),
+            Layout::Interleaved => self.matmul_interleaved(x, m, n),
         }
     }
 
-    fn matmul_interleaved(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (n, k) = (self.n, self.k);
+    fn matmul_interleaved(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
+        let k = self.k;
         let nb = k / QK;
         let act = Q8Rows::quantize(x, m, k, self.kind.offset());
         let groups = n.div_ceil(GROUP);
@@ -194,8 +202,8 @@ impl BlockMatrix {
         out
     }
 
-    fn matmul_rows(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (n, k) = (self.n, self.k);
+    fn matmul_rows(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
+        let k = self.k;
         let nb = k / QK;
         let act: Vec<Q8Block> = x.chunks_exact(QK).map(quantize_block).collect();
         let row_bytes = nb * self.kind.block_bytes();

@@ -90,17 +90,25 @@ impl Linear {
     /// verified in a block gets exactly the logits it would get decoded alone (greedy speculation is lossless
     /// bit for bit): a single row is computed as two identical rows where the kernel would otherwise switch.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_first(x, usize::MAX)
+    }
+
+    /// The first `n` outputs of [`Self::forward`] (`[.., min(n, out)]`), each the same as in the full product:
+    /// our kernels read only those weight rows (a drafter's shortened LM head).
+    pub fn forward_first(&self, x: &Tensor, n: usize) -> Result<Tensor> {
         let in_dim = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / in_dim;
         let mut out_shape = x.dims().to_vec();
         let y = match &self.weight {
             LinearWeight::Blocks(b) => {
-                *out_shape.last_mut().expect("rank >= 1") = b.out_features();
-                Tensor::from_vec(b.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows), out_shape, x.device())?
+                let n = n.min(b.out_features());
+                *out_shape.last_mut().expect("rank >= 1") = n;
+                Tensor::from_vec(b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n), out_shape, x.device())?
             }
             LinearWeight::SuperBlocks(b) => {
-                *out_shape.last_mut().expect("rank >= 1") = b.out_features();
-                Tensor::from_vec(b.matmul(&x.flatten_all()?.to_vec1::<f32>()?, rows), out_shape, x.device())?
+                let n = n.min(b.out_features());
+                *out_shape.last_mut().expect("rank >= 1") = n;
+                Tensor::from_vec(b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n), out_shape, x.device())?
             }
             LinearWeight::Candle(w) if rows == 1 && self.single_row_differs() => {
                 let two = x.reshape((1, in_dim))?.repeat((2, 1))?;
@@ -110,8 +118,10 @@ impl Linear {
             }
             LinearWeight::Candle(w) => w.forward(x)?,
         };
+        let out = y.dim(candle_core::D::Minus1)?;
+        let (y, n) = if n < out { (y.narrow(candle_core::D::Minus1, 0, n)?, n) } else { (y, out) };
         Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
+            Some(b) => y.broadcast_add(&b.narrow(0, 0, n)?)?,
             None => y,
         })
     }

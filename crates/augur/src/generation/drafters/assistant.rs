@@ -1,5 +1,13 @@
 //! A smaller model with the same tokenizer drafts autoregressively (Transformers' `AssistedCandidateGenerator`),
 //! keeping its own KV cache across rounds and cutting it back to what the target accepted.
+//!
+//! With cost-aware drafting (the default), an assistant whose vocabulary is larger than [`SHORT_HEAD_ABOVE`]
+//! drafts from the first [`SHORT_HEAD_ROWS`] token ids only: its LM head reads only those rows. BPE
+//! vocabularies number their tokens in merge order, so the first ids are the frequent ones. A Qwen2.5 head is
+//! 151,936 rows, 30% of the 0.5B assistant's weight bytes, and each draft reads it all; the short head reads
+//! 43% of it. Drafts outside it are never proposed (their q is 0), which costs some acceptance and never
+//! correctness: the target verifies every draft, greedy and sampled alike. Transformers' rounds
+//! (`cost_aware_drafting = false`) use the whole head.
 
 use super::autoregressive::Autoregressive;
 use super::{one_step_seconds, Draft, Drafter};
@@ -12,7 +20,16 @@ pub struct AssistantModel<'m> {
     drafting: Autoregressive,
     /// Target vocabulary size (rows of its logits); the draft distributions are laid out over it.
     target_vocab: usize,
+    /// Token ids the short head covers (see the module doc), or `None` for the whole head.
+    head_rows: Option<usize>,
 }
+
+/// Vocabularies above this size get a short head under cost-aware drafting (Qwen2.5's 151,936, Gemma's
+/// 262,144; not Llama 3's 128,256, where it would save less).
+pub const SHORT_HEAD_ABOVE: usize = 131_072;
+/// Token ids a short head covers. On Spec-Bench coding with the Qwen2.5-Coder pair, 32,768 cut acceptance from
+/// about 0.91 to 0.85; 65,536 kept it and cut a draft's cost by a sixth.
+pub const SHORT_HEAD_ROWS: usize = 65_536;
 
 impl<'m> AssistantModel<'m> {
     /// `cfg` is the call's resolved configuration (sampling options, seed, assistant knobs); `prompt_len` is for
@@ -24,7 +41,8 @@ impl<'m> AssistantModel<'m> {
         target_vocab: usize,
     ) -> Result<Self> {
         model.truncate(0);
-        Ok(Self { model, drafting: Autoregressive::new(cfg, prompt_len, true)?, target_vocab })
+        let head_rows = (cfg.cost_aware_drafting && model.config().vocab_size > SHORT_HEAD_ABOVE).then_some(SHORT_HEAD_ROWS);
+        Ok(Self { model, drafting: Autoregressive::new(cfg, prompt_len, true)?, target_vocab, head_rows })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {
@@ -38,7 +56,7 @@ impl Drafter for AssistantModel<'_> {
 
     fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
         let feed = context[self.model.cache_len()..].to_vec();
-        let opts = ForwardOptions::logits(LogitRows::Last(1));
+        let opts = ForwardOptions { head_rows: self.head_rows, ..ForwardOptions::logits(LogitRows::Last(1)) };
         self.drafting.draft(self.model, &opts, context, feed, max, self.target_vocab)
     }
 
