@@ -3,7 +3,7 @@
 //! batch 1, first turn, chat template applied, the same prompts for every method, runs interleaved so that load
 //! changes hit every method alike).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -178,6 +178,8 @@ struct Run {
     ran: String,
     new_tokens: usize,
     seconds: f64,
+    /// The first target forward (the prompt, plus the first drafts under speculation).
+    prefill_seconds: f64,
     target_forwards: usize,
     drafted: usize,
     accepted: usize,
@@ -199,6 +201,12 @@ struct Summary {
     mean_accepted_per_forward: f64,
     acceptance_rate: f64,
     speedup: f64,
+    /// The speedup once the target has read the prompt: plain decoding's seconds after its prefill, over this
+    /// method's seconds minus that same prefill (which every method pays), summed over the prompts.
+    decode_speedup: f64,
+    /// Seconds after plain decoding's prefill, summed (for `decode_speedup`).
+    #[serde(skip)]
+    after_prefill: f64,
     identical_to_plain: usize,
 }
 
@@ -307,6 +315,7 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
                 ran: s.method.clone(),
                 new_tokens: s.new_tokens,
                 seconds: s.seconds,
+                prefill_seconds: s.prefill_seconds,
                 target_forwards: s.target_forwards,
                 drafted: s.drafted,
                 accepted: s.accepted,
@@ -335,7 +344,10 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
 /// Per category (and `overall`) and method.
 fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
     let mut out: BTreeMap<String, BTreeMap<String, Summary>> = BTreeMap::new();
+    let plain_prefill: HashMap<u64, f64> =
+        runs.iter().filter(|r| r.method == "plain").map(|r| (r.question_id, r.prefill_seconds)).collect();
     for r in runs {
+        let prefill = plain_prefill.get(&r.question_id).copied().unwrap_or(0.0);
         for cat in [r.category.as_str(), "overall"] {
             let s = out.entry(cat.to_string()).or_default().entry(r.method.clone()).or_default();
             s.prompts += 1;
@@ -347,6 +359,7 @@ fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
             }
             s.new_tokens += r.new_tokens;
             s.seconds += r.seconds;
+            s.after_prefill += r.seconds - prefill;
             s.target_forwards += r.target_forwards;
             s.drafted += r.drafted;
             s.accepted += r.accepted;
@@ -355,7 +368,9 @@ fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
     }
     for methods in out.values_mut() {
         let plain_rate = methods.get("plain").map(|p| p.new_tokens as f64 / p.seconds).unwrap_or(f64::NAN);
+        let plain_after = methods.get("plain").map(|p| p.after_prefill).unwrap_or(f64::NAN);
         for s in methods.values_mut() {
+            s.decode_speedup = plain_after / s.after_prefill;
             s.tokens_per_s = s.new_tokens as f64 / s.seconds;
             s.mean_accepted_per_forward = s.new_tokens as f64 / s.target_forwards.max(1) as f64;
             s.acceptance_rate = if s.drafted > 0 { s.accepted as f64 / s.drafted as f64 } else { 0.0 };
@@ -367,20 +382,21 @@ fn summarize(runs: &[Run]) -> BTreeMap<String, BTreeMap<String, Summary>> {
 
 fn print_table(methods: &[String], summaries: &BTreeMap<String, BTreeMap<String, Summary>>) {
     println!(
-        "| category | method | ran as | prompts | tok/s | speedup | tokens/forward | acceptance | identical to plain |"
+        "| category | method | ran as | prompts | tok/s | speedup | after the prompt | tokens/forward | acceptance | identical to plain |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
     let overall = "overall".to_string();
     let order = summaries.keys().filter(|k| **k != overall).chain(std::iter::once(&overall));
     for cat in order {
         for m in methods {
             if let Some(s) = summaries.get(cat).and_then(|c| c.get(m)) {
                 println!(
-                    "| {cat} | {m} | {} | {} | {:.1} | {:.2}x | {:.2} | {:.0}% | {}/{} |",
+                    "| {cat} | {m} | {} | {} | {:.1} | {:.2}x | {:.2}x | {:.2} | {:.0}% | {}/{} |",
                     s.ran,
                     s.prompts,
                     s.tokens_per_s,
                     s.speedup,
+                    s.decode_speedup,
                     s.mean_accepted_per_forward,
                     100.0 * s.acceptance_rate,
                     s.identical_to_plain,
