@@ -14,16 +14,13 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use super::parallel::{for_each_chunk, SharedOut};
-use super::qkernels::{regroup, rows_of, RowReader};
+use super::qkernels::{over_groups, regroup, rows_of, QuantKernel, RowReader};
 use crate::error::{Error, Result};
 
 /// Elements per super-block.
 const QK_K: usize = 256;
 /// Weight rows per interleaved group: the 16 i32 lanes of an AVX-512 register.
 const GROUP: usize = 16;
-/// Activation rows that share one unpacking of each weight block.
-const TILE: usize = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KKind {
@@ -120,45 +117,27 @@ impl SuperBlockMatrix {
         Ok(Some(Self { kind, n, k, data: interleave(kind, n, k, read)? }))
     }
 
-    pub fn out_features(&self) -> usize {
-        self.n
-    }
-
     /// `x`: `[m, k]` row-major → `[m, n]`.
     #[cfg(test)]
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_first(x, m, self.n)
     }
+}
 
-    /// The first `n` outputs of [`Self::matmul`] (`[m, n]`), reading only those weight rows; each is the same
-    /// as in the full product.
-    pub fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
+impl QuantKernel for SuperBlockMatrix {
+    fn out_features(&self) -> usize {
+        self.n
+    }
+
+    fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
         let (n, k) = (n.min(self.n), self.k);
         debug_assert_eq!(x.len(), m * k);
         let act = Q8KRows::quantize(x, m, k);
-        let groups = n.div_ceil(GROUP);
-        let padded = groups * GROUP;
-        let group_bytes = (k / QK_K) * self.kind.group_bytes();
-        let mut out = vec![0f32; m * padded];
-        let dst = SharedOut::new(&mut out);
-        for_each_chunk(groups, |range| {
-            for g in range {
-                let w = &self.data[g * group_bytes..(g + 1) * group_bytes];
-                for r0 in (0..m).step_by(TILE) {
-                    let rows = TILE.min(m - r0);
-                    // SAFETY: built only where `avx512::available()`; `w` holds this group's super-blocks;
-                    // this group's 16 columns of `out` (`[m, padded]`) are written by this task only.
-                    unsafe {
-                        let at = dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP);
-                        avx512::tile_fn(self.kind, rows)(w, &act, r0, at, padded);
-                    }
-                }
-            }
-        });
-        if padded != n {
-            out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
-        }
-        out
+        over_groups(&self.data, (k / QK_K) * self.kind.group_bytes(), m, n, |w, r0, rows, at, stride| {
+            // SAFETY: built only where `avx512::available()`; `w` holds this group's super-blocks;
+            // `over_groups` hands out this group's columns of the output.
+            unsafe { avx512::tile_fn(self.kind, rows)(w, &act, r0, at, stride) }
+        })
     }
 }
 
@@ -321,7 +300,8 @@ fn quantize_superblock_scalar(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K, TILE};
+    use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
+    use crate::model::qkernels::GROUP_TILE;
 
     pub fn available() -> bool {
         is_x86_feature_detected!("avx512f")
@@ -365,7 +345,7 @@ mod avx512 {
 
     pub type TileFn = unsafe fn(&[u8], &Q8KRows, usize, *mut f32, usize);
 
-    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]).
+    /// The instance compiled for `kind` and `rows` (1 to [`GROUP_TILE`]).
     pub fn tile_fn(kind: KKind, rows: usize) -> TileFn {
         macro_rules! rows {
             ($f:ident) => {
@@ -377,7 +357,7 @@ mod avx512 {
                     5 => $f::<5>,
                     6 => $f::<6>,
                     7 => $f::<7>,
-                    _ => $f::<TILE>,
+                    _ => $f::<GROUP_TILE>,
                 }
             };
         }
@@ -519,19 +499,15 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::quantized::QMatMul;
-    use candle_core::{Device, Module, Tensor};
+    use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::model::qkernels::tests::{assert_matches_candle, input};
 
     fn weights(kind: GgmlDType, n: usize, k: usize) -> QTensor {
         let vals: Vec<f32> =
             (0..n * k).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * (1.0 + (i / 64 % 7) as f32)).collect();
         QTensor::quantize(&Tensor::from_vec(vals, (n, k), &Device::Cpu).unwrap(), kind).unwrap()
-    }
-
-    fn input(m: usize, k: usize) -> Vec<f32> {
-        (0..m * k).map(|i| ((i * 13 % 29) as f32 / 14.0 - 1.0) * 0.5).collect()
     }
 
     /// The vectorized activation quantization gives the scalar one's bits (halves included) and candle's.
@@ -595,18 +571,7 @@ mod tests {
             let sb = SuperBlockMatrix::from_qtensor(&q).unwrap().unwrap();
             let x = input(m, k);
             let y = sb.matmul(&x, m);
-            let reference = QMatMul::from_qtensor(q)
-                .unwrap()
-                .forward(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            assert_eq!(y.len(), reference.len());
-            for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
-                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{kind:?} [{i}]: {a} vs candle {b}");
-            }
+            assert_matches_candle(q, &x, m, &y, &format!("{kind:?}"));
         }
     }
 

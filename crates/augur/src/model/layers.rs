@@ -299,21 +299,27 @@ pub fn attend(
     let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
     let mut out = vec![0f32; t * h * dv];
     let dst = super::parallel::SharedOut::new(&mut out);
-    let job = AttendJob { cache, q, shape, t, scale, softcap };
+    let job = AttendJob { cache, q, shape, t, scale, softcap, avx2: AttendJob::avx2_available() };
     // One unit per (query row, key/value head): the group's query heads read each key and value once.
-    let units = t * n_kv_heads;
+    let (units, g) = (t * n_kv_heads, h / n_kv_heads);
     let run = |range: std::ops::Range<usize>| {
         let mut scores = Vec::new();
         for unit in range {
             let (row, kvh) = (unit / n_kv_heads, unit % n_kv_heads);
-            let g = h / n_kv_heads;
             // SAFETY: the group's heads are consecutive, so each unit owns its `g · dv` outputs of `row`.
             let o = unsafe { dst.slice((row * h + kvh * g) * dv, g * dv) };
             job.unit(row, kvh, visible(row), &mut scores, o);
         }
     };
     // Below about 2^16 multiply-adds, waking the pool costs more than the work.
-    let work: usize = (0..t).map(|r| visible(r).1 - visible(r).0).sum::<usize>() * h * (d + dv);
+    let work: usize = (0..t)
+        .map(|r| {
+            let (first, end) = visible(r);
+            end - first
+        })
+        .sum::<usize>()
+        * h
+        * (d + dv);
     if work < 1 << 16 {
         run(0..units);
     } else {
@@ -330,15 +336,24 @@ struct AttendJob<'a> {
     t: usize,
     scale: f32,
     softcap: Option<f32>,
+    /// AVX2 and FMA were detected (once per call, not per unit).
+    avx2: bool,
 }
 
 impl AttendJob<'_> {
+    fn avx2_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
     /// The `g` query heads of key/value head `kvh` at `row` over positions `first..end`, into `o`
     /// (`[g, v_dim]`, zeroed). `scores` is scratch space.
     fn unit(&self, row: usize, kvh: usize, (first, end): (usize, usize), scores: &mut Vec<f32>, o: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 and FMA were just detected.
+        if self.avx2 {
+            // SAFETY: AVX2 and FMA were detected.
             return unsafe { self.unit_avx2(row, kvh, first, end, scores, o) };
         }
         self.unit_portable(row, kvh, first, end, scores, o)
@@ -362,7 +377,8 @@ impl AttendJob<'_> {
         let keys = |pos: usize| self.cache.key(kvh, pos).as_ptr();
         for i in 0..g {
             let head = kvh * g + i;
-            let qv = self.q[(head * self.t + row) * d..][..d].as_ptr();
+            let q_head = &self.q[(head * self.t + row) * d..][..d];
+            let qv = q_head.as_ptr();
             let sc = &mut scores[i * n..(i + 1) * n];
             let full = n / 8 * 8;
             for j0 in (0..full).step_by(8) {
@@ -379,8 +395,8 @@ impl AttendJob<'_> {
                 let sums = _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
                 _mm256_storeu_ps(sc.as_mut_ptr().add(j0), sums);
             }
-            for j in full..n {
-                sc[j] = dot(std::slice::from_raw_parts(qv, d), &self.cache.key(kvh, first + j)[..d]);
+            for (j, s) in sc.iter_mut().enumerate().skip(full) {
+                *s = dot(q_head, &self.cache.key(kvh, first + j)[..d]);
             }
         }
         self.softmax(scores, n);
@@ -1011,7 +1027,7 @@ mod tests {
                 let alone = attend(&cache, &q1, shape, 1, 0.125, softcap, causal(ctx + row, None));
                 assert_eq!(alone, block[row * h * d..(row + 1) * h * d], "row {row} of h{h} kv{kv} d{d}");
             }
-            let job = AttendJob { cache: &cache, q: &q, shape, t, scale: 0.125, softcap };
+            let job = AttendJob { cache: &cache, q: &q, shape, t, scale: 0.125, softcap, avx2: AttendJob::avx2_available() };
             for row in 0..t {
                 let (mut a, mut b) = (vec![0f32; (h / kv) * d], vec![0f32; (h / kv) * d]);
                 job.unit_portable(row, kv - 1, 0, ctx + row + 1, &mut Vec::new(), &mut a);

@@ -103,6 +103,29 @@ struct Q8Block {
     isum: i32,
 }
 
+/// A quantized weight `[n, k]` that one of our kernels multiplies (see also `kquants`).
+pub trait QuantKernel: Send + Sync {
+    fn out_features(&self) -> usize;
+    /// The first `n` outputs of the product with `x` (`[m, k]` row-major) → `[m, min(n, out)]`, reading only
+    /// those weight rows; each is the same as in the full product.
+    fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32>;
+}
+
+impl QuantKernel for BlockMatrix {
+    fn out_features(&self) -> usize {
+        self.n
+    }
+
+    fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
+        debug_assert_eq!(x.len(), m * self.k);
+        let n = n.min(self.n);
+        match self.layout {
+            Layout::Rows => self.matmul_rows(x, m, n),
+            Layout::Interleaved => self.matmul_interleaved(x, m, n),
+        }
+    }
+}
+
 impl BlockMatrix {
     /// `Some` for the block types this machine has a kernel for, in the fastest layout it can run.
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
@@ -151,55 +174,20 @@ impl BlockMatrix {
         Ok(Some(Self { kind, layout: Layout::Interleaved, n, k, data }))
     }
 
-    pub fn out_features(&self) -> usize {
-        self.n
-    }
-
     /// `x`: `[m, k]` row-major → `[m, n]`.
     #[cfg(test)]
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_first(x, m, self.n)
     }
 
-    /// The first `n` outputs of [`Self::matmul`] (`[m, n]`), reading only those weight rows; each is the same
-    /// as in the full product.
-    pub fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
-        debug_assert_eq!(x.len(), m * self.k);
-        let n = n.min(self.n);
-        match self.layout {
-            Layout::Rows => self.matmul_rows(x, m, n),
-            Layout::Interleaved => self.matmul_interleaved(x, m, n),
-        }
-    }
-
     fn matmul_interleaved(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
-        let k = self.k;
-        let nb = k / QK;
-        let act = Q8Rows::quantize(x, m, k, self.kind.offset());
-        let groups = n.div_ceil(GROUP);
-        let padded = groups * GROUP;
-        let group_bytes = nb * GROUP * self.kind.block_bytes();
-        let mut out = vec![0f32; m * padded];
-        let dst = SharedOut::new(&mut out);
-        for_each_chunk(groups, |range| {
-            for g in range {
-                let w = &self.data[g * group_bytes..(g + 1) * group_bytes];
-                for r0 in (0..m).step_by(GROUP_TILE) {
-                    let rows = GROUP_TILE.min(m - r0);
-                    // SAFETY: `Interleaved` is only built where AVX-512 (F, BW, VNNI) and F16C were detected;
-                    // `w` holds `nb` group-blocks of `kind`; this group's 16 columns of `out` (`[m, padded]`)
-                    // are written by this task only.
-                    unsafe {
-                        let at = dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP);
-                        avx512::tile_fn(self.kind, rows)(w, nb, &act, r0, at, padded);
-                    }
-                }
-            }
-        });
-        if padded != n {
-            out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
-        }
-        out
+        let nb = self.k / QK;
+        let act = Q8Rows::quantize(x, m, self.k, self.kind.offset());
+        over_groups(&self.data, nb * GROUP * self.kind.block_bytes(), m, n, |w, r0, rows, at, stride| {
+            // SAFETY: `Interleaved` is only built where AVX-512 (F, BW, VNNI) and F16C were detected; `w` holds
+            // `nb` group-blocks of `kind`; `over_groups` hands out this group's columns of the output.
+            unsafe { avx512::tile_fn(self.kind, rows)(w, nb, &act, r0, at, stride) }
+        })
     }
 
     fn matmul_rows(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
@@ -236,10 +224,42 @@ impl BlockMatrix {
     }
 }
 
+/// The product `[m, n]` of the first `n` weight rows of an interleaved matrix (`data`: 16-row groups of
+/// `group_bytes`) with `m` activation rows, the groups shared out over the pool. `tile(w, r0, rows, at,
+/// stride)` computes activation rows `r0..r0 + rows` (at most [`GROUP_TILE`]) against group `w`, writing
+/// `out[r · stride .. r · stride + 16]` from `at` for each.
+pub(super) fn over_groups(
+    data: &[u8],
+    group_bytes: usize,
+    m: usize,
+    n: usize,
+    tile: impl Fn(&[u8], usize, usize, *mut f32, usize) + Sync,
+) -> Vec<f32> {
+    let groups = n.div_ceil(GROUP);
+    let padded = groups * GROUP;
+    let mut out = vec![0f32; m * padded];
+    let dst = SharedOut::new(&mut out);
+    for_each_chunk(groups, |range| {
+        for g in range {
+            let w = &data[g * group_bytes..(g + 1) * group_bytes];
+            for r0 in (0..m).step_by(GROUP_TILE) {
+                let rows = GROUP_TILE.min(m - r0);
+                // SAFETY: this group's 16 columns of `out` (`[m, padded]`) are written by this task only.
+                let at = unsafe { dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
+                tile(w, r0, rows, at, padded);
+            }
+        }
+    });
+    if padded != n {
+        out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
+    }
+    out
+}
+
 /// Activation rows that share one unpacking of each weight block: in the row layout (16 AVX2 registers)
 /// and in the interleaved one (32 AVX-512 registers).
 const TILE: usize = 4;
-const GROUP_TILE: usize = 8;
+pub(super) const GROUP_TILE: usize = 8;
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
 /// multiple of 16) are zero blocks, whose scale 0 makes their products 0.
@@ -679,7 +699,7 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
@@ -690,8 +710,27 @@ mod tests {
         QTensor::quantize(&t, kind).unwrap()
     }
 
-    fn input(m: usize, k: usize) -> Vec<f32> {
+    /// `m` activation rows of `k`, deterministic.
+    pub(in crate::model) fn input(m: usize, k: usize) -> Vec<f32> {
         (0..m * k).map(|i| ((i * 13 % 29) as f32 / 14.0 - 1.0) * 0.5).collect()
+    }
+
+    /// `y` (our product of `x`, `[m, k]`, with `q`) is within 1e-4 relative of candle's kernel for `q`.
+    pub(in crate::model) fn assert_matches_candle(q: QTensor, x: &[f32], m: usize, y: &[f32], what: &str) {
+        use candle_core::Module;
+        let k = x.len() / m;
+        let reference = candle_core::quantized::QMatMul::from_qtensor(q)
+            .unwrap()
+            .forward(&Tensor::from_vec(x.to_vec(), (m, k), &Device::Cpu).unwrap())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        assert_eq!(y.len(), reference.len());
+        for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{what} [{i}]: {a} vs candle {b}");
+        }
     }
 
     /// Every layout this machine runs, with the types it takes.
@@ -727,25 +766,13 @@ mod tests {
     /// multiple of the interleaved group, so the padding is covered too.
     #[test]
     fn matches_candle_kernel() {
-        use candle_core::Module;
         for (kind, layout) in variants() {
             let (n, k, m) = (70, 96, 6);
             let q = weights(kind, n, k);
             let bm = BlockMatrix::with_layout(&q, layout).unwrap().unwrap();
             let x = input(m, k);
             let y = bm.matmul(&x, m);
-            let reference = candle_core::quantized::QMatMul::from_qtensor(q)
-                .unwrap()
-                .forward(&Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap())
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
-            assert_eq!(y.len(), reference.len());
-            for (i, (a, b)) in y.iter().zip(&reference).enumerate() {
-                assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{kind:?} {layout:?} [{i}]: {a} vs candle {b}");
-            }
+            assert_matches_candle(q, &x, m, &y, &format!("{kind:?} {layout:?}"));
         }
     }
 

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::Architecture;
 use super::kquants::SuperBlockMatrix;
-use super::qkernels::{BlockMatrix, RowReader};
+use super::qkernels::{BlockMatrix, QuantKernel, RowReader};
 use crate::error::{Error, Result};
 
 enum Source {
@@ -41,34 +41,34 @@ pub struct Linear {
 #[derive(Clone)]
 enum LinearWeight {
     Candle(QMatMul),
-    /// 32-element block types with our own CPU kernels (see `qkernels`).
-    Blocks(Arc<BlockMatrix>),
-    /// Q4_K and Q6_K with our own CPU kernels (see `kquants`).
-    SuperBlocks(Arc<SuperBlockMatrix>),
+    /// Types with our own CPU kernels: the 32-element blocks (`qkernels`), Q4_K and Q6_K (`kquants`).
+    Own(Arc<dyn QuantKernel>),
+}
+
+/// Our kernel for a quantized weight `[n, k]` of `dtype`, built from its stored rows, where this machine has one.
+fn own_kernel(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Arc<dyn QuantKernel>>> {
+    if let Some(b) = BlockMatrix::from_stored(dtype, n, k, read)? {
+        return Ok(Some(Arc::new(b)));
+    }
+    Ok(SuperBlockMatrix::from_stored(dtype, n, k, read)?.map(|b| Arc::new(b) as Arc<dyn QuantKernel>))
 }
 
 impl Linear {
     /// From a tensor's stored rows, where one of our kernels takes its type on this machine.
     fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader, bias: Option<Tensor>) -> Result<Option<Self>> {
-        let weight = if let Some(b) = BlockMatrix::from_stored(dtype, n, k, read)? {
-            LinearWeight::Blocks(Arc::new(b))
-        } else if let Some(b) = SuperBlockMatrix::from_stored(dtype, n, k, read)? {
-            LinearWeight::SuperBlocks(Arc::new(b))
-        } else {
-            return Ok(None);
-        };
-        Ok(Some(Self { weight, bias }))
+        Ok(own_kernel(dtype, n, k, read)?.map(|b| Self { weight: LinearWeight::Own(b), bias }))
     }
 
     fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         let weight = match &weight {
             QMatMul::QTensor(q) if q.device().is_cpu() => {
-                if let Some(b) = BlockMatrix::from_qtensor(q)? {
-                    LinearWeight::Blocks(Arc::new(b))
-                } else if let Some(b) = SuperBlockMatrix::from_qtensor(q)? {
-                    LinearWeight::SuperBlocks(Arc::new(b))
-                } else {
-                    LinearWeight::Candle(weight)
+                let own: Option<Arc<dyn QuantKernel>> = match BlockMatrix::from_qtensor(q)? {
+                    Some(b) => Some(Arc::new(b)),
+                    None => SuperBlockMatrix::from_qtensor(q)?.map(|b| Arc::new(b) as _),
+                };
+                match own {
+                    Some(b) => LinearWeight::Own(b),
+                    None => LinearWeight::Candle(weight),
                 }
             }
             _ => LinearWeight::Candle(weight),
@@ -82,7 +82,7 @@ impl Linear {
         match &self.weight {
             LinearWeight::Candle(QMatMul::QTensor(q)) => q.dtype() == GgmlDType::Q6K,
             LinearWeight::Candle(QMatMul::Tensor(_) | QMatMul::TensorF16(_)) => true,
-            LinearWeight::Blocks(_) | LinearWeight::SuperBlocks(_) => false,
+            LinearWeight::Own(_) => false,
         }
     }
 
@@ -100,12 +100,7 @@ impl Linear {
         let rows = x.elem_count() / in_dim;
         let mut out_shape = x.dims().to_vec();
         let y = match &self.weight {
-            LinearWeight::Blocks(b) => {
-                let n = n.min(b.out_features());
-                *out_shape.last_mut().expect("rank >= 1") = n;
-                Tensor::from_vec(b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n), out_shape, x.device())?
-            }
-            LinearWeight::SuperBlocks(b) => {
+            LinearWeight::Own(b) => {
                 let n = n.min(b.out_features());
                 *out_shape.last_mut().expect("rank >= 1") = n;
                 Tensor::from_vec(b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n), out_shape, x.device())?
@@ -172,11 +167,8 @@ impl Embedding {
 impl StoredTable {
     /// `[ids.len(), hidden]` f32 on `device`.
     fn rows(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
-        use std::io::{Read, Seek, SeekFrom};
         let mut out = Vec::with_capacity(ids.len() * self.hidden);
         let mut bytes = vec![0u8; self.row_bytes];
-        // A panic elsewhere while holding the lock leaves the file handle as usable as before.
-        let mut file = self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for &id in ids {
             if id as usize >= self.rows {
                 return Err(Error::InvalidOption(format!(
@@ -184,14 +176,27 @@ impl StoredTable {
                     self.rows, self.name
                 )));
             }
-            file.seek(SeekFrom::Start(self.start + id as u64 * self.row_bytes as u64))
-                .and_then(|_| file.read_exact(&mut bytes))
+            read_at(&self.file, self.start + id as u64 * self.row_bytes as u64, &mut bytes)
                 .map_err(|e| Error::io(&self.path, e))?;
             let row = candle_core::quantized::ggml_file::qtensor_from_ggml(self.dtype, &bytes, vec![self.hidden], &Device::Cpu)?;
             out.extend(row.dequantize(&Device::Cpu)?.to_vec1::<f32>()?);
         }
         Ok(Tensor::from_vec(out, (ids.len(), self.hidden), device)?)
     }
+}
+
+/// Reads `buf.len()` bytes at `offset` of `file`.
+fn read_at(file: &Mutex<File>, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    // A panic elsewhere while holding the lock leaves the file handle as usable as before.
+    let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(buf)
+}
+
+/// Bytes of one stored row of `cols` elements of `dtype`.
+fn row_bytes(dtype: GgmlDType, cols: usize) -> usize {
+    cols / dtype.block_size() * dtype.type_size()
 }
 
 /// llama.cpp's name for a Hugging Face tensor name.
@@ -353,9 +358,15 @@ impl Weights {
         Ok(())
     }
 
-    fn qtensor(&self, content: &gguf_file::Content, file: &Mutex<File>, name: &str, shape: &[usize]) -> Result<QTensor> {
+    /// A GGUF tensor's entry, with its shape checked.
+    fn tensor_info<'c>(&self, content: &'c gguf_file::Content, name: &str, shape: &[usize]) -> Result<&'c gguf_file::TensorInfo> {
         let info = content.tensor_infos.get(name).ok_or_else(|| self.missing(name.to_string()))?;
         Self::check_shape(name, info.shape.dims(), shape)?;
+        Ok(info)
+    }
+
+    fn qtensor(&self, content: &gguf_file::Content, file: &Mutex<File>, name: &str, shape: &[usize]) -> Result<QTensor> {
+        let info = self.tensor_info(content, name, shape)?;
         // A panic elsewhere while holding the lock leaves the file handle as usable as before.
         let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         info.read(&mut *file, content.tensor_data_offset, &self.device)
@@ -413,17 +424,13 @@ impl Weights {
             return Ok(None);
         }
         let name = self.stored_name(hf);
-        let info = content.tensor_infos.get(&name).ok_or_else(|| self.missing(name.clone()))?;
-        Self::check_shape(&name, info.shape.dims(), shape)?;
+        let info = self.tensor_info(content, &name, shape)?;
         let dtype = info.ggml_dtype;
-        let row_bytes = shape[1] / dtype.block_size() * dtype.type_size();
+        let row_bytes = row_bytes(dtype, shape[1]);
         let start = content.tensor_data_offset + info.offset;
         let read = move |rows: std::ops::Range<usize>| -> Result<Vec<u8>> {
-            use std::io::{Read, Seek, SeekFrom};
             let mut bytes = vec![0u8; rows.len() * row_bytes];
-            let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            file.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64))
-                .and_then(|_| file.read_exact(&mut bytes))
+            read_at(file, start + (rows.start * row_bytes) as u64, &mut bytes)
                 .map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))?;
             Ok(bytes)
         };
@@ -433,8 +440,7 @@ impl Weights {
     pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
         if let Source::Gguf { content, .. } = &self.source {
             let name = self.stored_name(hf);
-            let info = content.tensor_infos.get(&name).ok_or_else(|| self.missing(name.clone()))?;
-            Self::check_shape(&name, info.shape.dims(), &[vocab, hidden])?;
+            let info = self.tensor_info(content, &name, &[vocab, hidden])?;
             let dtype = info.ggml_dtype;
             // Float tables are used dense, as are all tables of a dequantized load.
             if !self.dequantize && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
@@ -443,7 +449,7 @@ impl Weights {
                     file: Mutex::new(file),
                     path: self.path.clone(),
                     start: content.tensor_data_offset + info.offset,
-                    row_bytes: hidden / dtype.block_size() * dtype.type_size(),
+                    row_bytes: row_bytes(dtype, hidden),
                     dtype,
                     rows: vocab,
                     hidden,
