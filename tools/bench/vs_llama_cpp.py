@@ -6,12 +6,13 @@
   spec:   `augur bench --prompts` (plain and each method, interleaved per prompt) over Spec-Bench prompts, then
           llama.cpp on the very same rendered prompts: llama-completion (plain), llama-speculative-simple with
           the draft model, llama-lookup (n-gram). Speedups are each tool's method over its own plain decoding,
-          on total (prefill + decode) seconds, summed over prompts.
+          on total (prefill + decode) seconds, summed over prompts; each (prompt, method) is the median of REPS
+          runs, the methods taking turns within each repetition.
 
 Usage:
   tools/bench/vs_llama_cpp.py speed --llama-bin DIR --augur target/release/augur --threads 2 --reps 3 M.gguf...
   tools/bench/vs_llama_cpp.py spec --llama-bin DIR --augur target/release/augur --threads 2 \
-      --model TARGET.gguf [--draft DRAFT.gguf] --prompts question.jsonl --limit 2 [--categories a,b]
+      --model TARGET.gguf [--draft DRAFT.gguf] --prompts question.jsonl --limit 2 --reps 3 [--categories a,b]
 
 Prints Markdown tables for BENCHMARKS.md and writes the raw results as JSON next to --out (default
 bench-results.json). Standard library only.
@@ -119,20 +120,26 @@ def llama_spec_runs(args, prompts, max_new):
                                     "--spec-draft-n-max", str(args.draft_max), "-td", str(args.threads), "-p", p] + common
     runs = []
     for pr in prompts:
-        for name, cmd in tools.items():
-            out, err = run(cmd(pr["text"]))
-            t = parse_timings(out + err)
-            t.update({"question_id": pr["question_id"], "category": pr["category"], "tool": name})
-            print(f"  llama.cpp {name:<7} q{pr['question_id']:<4} {t['new_tokens']:>4} tokens "
-                  f"{t['seconds']:7.2f} s", file=sys.stderr)
-            runs.append(t)
+        # As augur's side: the tools take turns within each repetition; the median run per (prompt, tool).
+        reps = {name: [] for name in tools}
+        for _ in range(args.reps):
+            for name, cmd in tools.items():
+                out, err = run(cmd(pr["text"]))
+                t = parse_timings(out + err)
+                t.update({"question_id": pr["question_id"], "category": pr["category"], "tool": name})
+                print(f"  llama.cpp {name:<7} q{pr['question_id']:<4} {t['new_tokens']:>4} tokens "
+                      f"{t['seconds']:7.2f} s", file=sys.stderr)
+                reps[name].append(t)
+        for rs in reps.values():
+            runs.append(sorted(rs, key=lambda t: t["seconds"])[(len(rs) - 1) // 2])
     return runs
 
 
 def spec(args):
     out_json = args.out + ".augur.json"
     cmd = [args.augur, "bench", "--model", args.model, "--threads", str(args.threads), "--prompts", args.prompts,
-           "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens), "--json", out_json,
+           "--limit", str(args.limit), "--max-new-tokens", str(args.max_new_tokens), "--reps", str(args.reps),
+           "--json", out_json,
            "--methods", "prompt_lookup" + (",assistant_model" if args.draft else "")]
     if args.draft:
         cmd += ["--assistant-model", args.draft]

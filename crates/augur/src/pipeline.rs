@@ -308,7 +308,8 @@ impl Pipeline {
                         .into(),
                 ));
             }
-            Some(Box::new(PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?))
+            let lookup = PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?;
+            Some(Box::new(lookup.cost_aware(cfg.cost_aware_drafting)))
         } else if cfg.use_mtp {
             let num_mtp_layers = target.model.config().num_mtp_layers;
             match target.mtp.as_mut() {

@@ -8,13 +8,19 @@ mod gemma3;
 mod glm4_moe;
 pub mod gemma4;
 pub mod gemma4_assistant;
+// AVX-512 kernels only: elsewhere Q4_K and Q6_K run on candle's.
+#[cfg(target_arch = "x86_64")]
 mod kquants;
 pub mod kv_cache;
+// Here and below: parts used only by the x86 SIMD paths.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub mod layers;
 mod llama;
 mod moe;
 pub mod mtp;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod parallel;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod qkernels;
 mod qwen2;
 pub mod weights;

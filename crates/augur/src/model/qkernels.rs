@@ -121,7 +121,10 @@ impl QuantKernel for BlockMatrix {
         let n = n.min(self.n);
         match self.layout {
             Layout::Rows => self.matmul_rows(x, m, n),
+            #[cfg(target_arch = "x86_64")]
             Layout::Interleaved => self.matmul_interleaved(x, m, n),
+            #[cfg(not(target_arch = "x86_64"))]
+            Layout::Interleaved => unreachable!("the interleaved layout is only built where AVX-512 was detected"),
         }
     }
 }
@@ -180,6 +183,7 @@ impl BlockMatrix {
         self.matmul_first(x, m, self.n)
     }
 
+    #[cfg(target_arch = "x86_64")]
     fn matmul_interleaved(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
         let nb = self.k / QK;
         let act = Q8Rows::quantize(x, m, self.k, self.kind.offset());

@@ -11,6 +11,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::Architecture;
+#[cfg(target_arch = "x86_64")]
 use super::kquants::SuperBlockMatrix;
 use super::qkernels::{BlockMatrix, QuantKernel, RowReader};
 use crate::error::{Error, Result};
@@ -50,7 +51,23 @@ fn own_kernel(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Res
     if let Some(b) = BlockMatrix::from_stored(dtype, n, k, read)? {
         return Ok(Some(Arc::new(b)));
     }
-    Ok(SuperBlockMatrix::from_stored(dtype, n, k, read)?.map(|b| Arc::new(b) as Arc<dyn QuantKernel>))
+    #[cfg(target_arch = "x86_64")]
+    if let Some(b) = SuperBlockMatrix::from_stored(dtype, n, k, read)? {
+        return Ok(Some(Arc::new(b)));
+    }
+    Ok(None)
+}
+
+/// Our kernel for a loaded quantized weight, where this machine has one.
+fn own_kernel_of(q: &QTensor) -> Result<Option<Arc<dyn QuantKernel>>> {
+    if let Some(b) = BlockMatrix::from_qtensor(q)? {
+        return Ok(Some(Arc::new(b)));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(b) = SuperBlockMatrix::from_qtensor(q)? {
+        return Ok(Some(Arc::new(b)));
+    }
+    Ok(None)
 }
 
 impl Linear {
@@ -62,11 +79,7 @@ impl Linear {
     fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         let weight = match &weight {
             QMatMul::QTensor(q) if q.device().is_cpu() => {
-                let own: Option<Arc<dyn QuantKernel>> = match BlockMatrix::from_qtensor(q)? {
-                    Some(b) => Some(Arc::new(b)),
-                    None => SuperBlockMatrix::from_qtensor(q)?.map(|b| Arc::new(b) as _),
-                };
-                match own {
+                match own_kernel_of(q)? {
                     Some(b) => LinearWeight::Own(b),
                     None => LinearWeight::Candle(weight),
                 }

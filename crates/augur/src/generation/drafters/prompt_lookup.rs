@@ -1,15 +1,29 @@
 //! Prompt lookup decoding: copy the continuation of an earlier occurrence of the sequence's last n-gram
 //! (Transformers' `PromptLookupCandidateGenerator`), no second model.
+//!
+//! Transformers copies from the leftmost occurrence of the longest matching n-gram, however short. Under
+//! cost-aware drafting every rejected draft costs a verification, so the choice is made by the evidence instead:
+//! the occurrence whose match reaches furthest back (the most recent among equals), and only when at least
+//! [`MIN_MATCH`] tokens match. Over 52 Spec-Bench answers of Qwen2.5-Coder-1.5B, drafts after a one-token
+//! match kept a first token 15% of the time, below what a draft costs to verify on this CPU; the most recent
+//! occurrence of a two-token match kept 1.5 tokens on average, the leftmost 1.2.
 
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::model::CausalLm;
+
+/// Fewest matching tokens behind a cost-aware draft.
+pub const MIN_MATCH: usize = 2;
+/// How far back a cost-aware match is followed when ranking occurrences.
+const MAX_MATCH: usize = 64;
 
 pub struct PromptLookup {
     /// `prompt_lookup_num_tokens`: the longest continuation copied.
     num_output_tokens: usize,
     max_matching_ngram_size: usize,
     eos: Vec<u32>,
+    /// Rank occurrences by how far back they match (see the module doc) instead of Transformers' leftmost.
+    cost_aware: bool,
 }
 
 impl PromptLookup {
@@ -17,11 +31,17 @@ impl PromptLookup {
         if num_output_tokens == 0 || max_matching_ngram_size == 0 {
             return Err(Error::InvalidOption("Invalid max_matching_ngram_size or num_output_tokens".into()));
         }
-        Ok(Self { num_output_tokens, max_matching_ngram_size, eos })
+        Ok(Self { num_output_tokens, max_matching_ngram_size, eos, cost_aware: false })
     }
 
-    /// Transformers' search: the longest n-gram first; for each, the leftmost earlier occurrence of the
-    /// sequence's tail with a non-empty continuation. The continuation stops before the first EOS.
+    /// Chooses occurrences for cost-aware drafting (see the module doc).
+    pub fn cost_aware(self, on: bool) -> Self {
+        Self { cost_aware: on, ..self }
+    }
+
+    /// The longest n-gram first; for each, the leftmost earlier occurrence of the sequence's tail with a
+    /// non-empty continuation (Transformers' search), or under cost-aware drafting the one matching furthest
+    /// back. The continuation stops before the first EOS.
     /// Transformers' filter of forbidden tokens is not needed: the only non-warper processor that forbids a
     /// token is the minimum length's EOS ban, and continuations are cut at EOS anyway. (Running the filter
     /// through the sampling warpers, as Transformers does, wrongly cuts valid drafts.)
@@ -33,20 +53,28 @@ impl PromptLookup {
         }
         for k in (1..=self.max_matching_ngram_size.min(len - 1)).rev() {
             let tail = &ids[len - k..];
-            for j in 0..=len - k {
-                if &ids[j..j + k] != tail {
-                    continue;
+            // Occurrences whose continuation is non-empty: they end before the sequence's last token.
+            let mut occurrences = (0..len - k).filter(|&j| &ids[j..j + k] == tail);
+            let start = if self.cost_aware {
+                let matched = |j: usize| {
+                    k + (1..=j.min(MAX_MATCH - k)).take_while(|&b| ids[j - b] == ids[len - k - b]).count()
+                };
+                let best = occurrences.map(|j| (matched(j), j)).max();
+                match best {
+                    Some((m, _)) if m < MIN_MATCH => return Vec::new(),
+                    Some((_, j)) => j + k,
+                    None => continue,
                 }
-                let s = j + k;
-                let e = (s + limit).min(len);
-                if s >= e {
-                    continue;
+            } else {
+                match occurrences.next() {
+                    Some(j) => j + k,
+                    None => continue,
                 }
-                let chosen = &ids[s..e];
-                let cut = chosen.iter().position(|t| self.eos.contains(t)).unwrap_or(chosen.len());
-                // As in Transformers, a match whose continuation starts with EOS ends the search with no draft.
-                return chosen[..cut].to_vec();
-            }
+            };
+            let chosen = &ids[start..(start + limit).min(len)];
+            let cut = chosen.iter().position(|t| self.eos.contains(t)).unwrap_or(chosen.len());
+            // As in Transformers, a match whose continuation starts with EOS ends the search with no draft.
+            return chosen[..cut].to_vec();
         }
         Vec::new()
     }
@@ -81,6 +109,19 @@ mod tests {
         assert_eq!(pl.lookup(&[1, 2, 3, 4, 5, 1, 2], 2), vec![3, 4]);
         assert_eq!(pl.lookup(&[5, 1, 5], 10), vec![1, 5]);
         assert!(pl.lookup(&[1, 2, 3], 10).is_empty());
+    }
+
+    #[test]
+    fn cost_aware_takes_the_match_reaching_furthest_back() {
+        let pl = PromptLookup::new(2, 2, vec![]).unwrap().cost_aware(true);
+        // Tail "8 1 2": "1 2" occurs at 0 (preceded by nothing), at 5 (by 8) and at 10 (by 7): the one at 5.
+        assert_eq!(pl.lookup(&[1, 2, 3, 4, 8, 1, 2, 5, 6, 7, 1, 2, 9, 8, 1, 2], 10), vec![5, 6]);
+        // Equal reach: the most recent.
+        assert_eq!(pl.lookup(&[1, 2, 3, 4, 1, 2, 5, 6, 1, 2], 10), vec![5, 6]);
+        // Only a one-token match: no draft (Transformers would copy after the first "2").
+        assert!(pl.lookup(&[1, 2, 3, 4, 5, 7, 2], 10).is_empty());
+        let leftmost = PromptLookup::new(2, 2, vec![]).unwrap();
+        assert_eq!(leftmost.lookup(&[1, 2, 3, 4, 5, 7, 2], 10), vec![3, 4]);
     }
 
     #[test]
