@@ -232,7 +232,8 @@ def replay(args):
         ids = d["prompt"] + d["tokens"]
         row = [prefill + n - 1] + [replay_loop(d["prompt"], ids, c, prefill, args.slope) for c in ("left", "reach")]
         # After the prompt: plain's prefill off both sides (the first round's drafts ride on the prefill).
-        row += [n - 1, replay_loop(d["prompt"], ids, "reach", 0.0, args.slope), replay_oracle(d["prompt"], ids, args.slope)]
+        row += [n - 1, replay_loop(d["prompt"], ids, "reach", 0.0, args.slope),
+                replay_oracle(d["prompt"], ids, args.slope)]
         for cat in (d["category"], "overall"):
             sums[cat] = [a + b for a, b in zip(sums[cat], row)]
     print(f"\ncost-aware loop replayed, k-token forward = 1 + {args.slope}·(k − 1) one-token forwards\n")
@@ -241,7 +242,8 @@ def replay(args):
     print("|---|---:|---:|---:|---:|")
     for cat in sorted(c for c in sums if c != "overall") + ["overall"]:
         plain, left, far, after, far_after, oracle = sums[cat]
-        print(f"| {cat} | {plain / left:.3f}x | {plain / far:.3f}x | {after / far_after:.2f}x | {after / oracle:.2f}x |")
+        print(f"| {cat} | {plain / left:.3f}x | {plain / far:.3f}x | {after / far_after:.2f}x "
+              f"| {after / oracle:.2f}x |")
 
 
 def main():
