@@ -136,6 +136,36 @@ impl Rope {
         Ok((Tensor::from_vec(cos, (t, half), device)?, Tensor::from_vec(sin, (t, half), device)?))
     }
 
+    /// Rotates the first `2 · half` dimensions of each head of `x` (`[t, heads, head_dim]`, row `r` at the
+    /// position of the table's row `r`) in place, with the table's `cos` and `sin` (`[t, half]`, flat): the
+    /// arithmetic of candle's `rope`/`rope_i`, element for element, without their copies to and from
+    /// `[heads, t, head_dim]` (most of their cost at a few rows).
+    pub fn rotate(&self, x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+        let half = self.inv_freq.len();
+        for (h, v) in x.chunks_exact_mut(head_dim).enumerate() {
+            let at = h / heads * half;
+            let (cos, sin) = (&cos[at..at + half], &sin[at..at + half]);
+            let v = &mut v[..2 * half];
+            match self.layout {
+                RopeLayout::Halves => {
+                    let (a, b) = v.split_at_mut(half);
+                    for i in 0..half {
+                        let (x1, x2) = (a[i], b[i]);
+                        a[i] = x1 * cos[i] - x2 * sin[i];
+                        b[i] = x1 * sin[i] + x2 * cos[i];
+                    }
+                }
+                RopeLayout::Interleaved => {
+                    for (i, pair) in v.chunks_exact_mut(2).enumerate() {
+                        let (x1, x2) = (pair[0], pair[1]);
+                        pair[0] = x1 * cos[i] - x2 * sin[i];
+                        pair[1] = x1 * sin[i] + x2 * cos[i];
+                    }
+                }
+            }
+        }
+    }
+
     /// `x`: `[1, heads, t, head_dim]`.
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         let x = x.contiguous()?;
@@ -238,8 +268,11 @@ impl Attention {
         } else {
             (&ropes.full, &step.rope_full)
         };
-        let q = rope.apply(&q.transpose(1, 2)?, cos, sin)?; // [1, h, t, d]
-        let k = rope.apply(&k.transpose(1, 2)?, cos, sin)?.transpose(1, 2)?; // [1, t, kv, d]
+        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+        let (cos, sin) = (flat(cos)?, flat(sin)?);
+        let (mut q, mut k) = (flat(&q)?, flat(&k)?); // [t, h, d], [t, kv, d]
+        rope.rotate(&mut q, h, d, &cos, &sin);
+        rope.rotate(&mut k, self.n_kv_heads, d, &cos, &sin);
         if cache.len() != step.start {
             return Err(Error::InvalidOption(format!(
                 "attention cache holds {} positions but the block starts at {}",
@@ -247,13 +280,26 @@ impl Attention {
                 step.start
             )));
         }
-        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
-        cache.append(&flat(&k)?, &flat(&v)?);
+        cache.append(&k, &flat(&v)?);
         let shape = AttendShape { n_heads: h, n_kv_heads: self.n_kv_heads, qk_dim: d, v_dim: d };
         let softcap = self.softcap.map(|c| c as f32);
-        let out = attend(cache, &flat(&q)?, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
+        let q = heads_first(&q, t, h, d);
+        let out = attend(cache, &q, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
         Ok(Tensor::from_vec(out, (1, t, h * d), &device)?)
     }
+}
+
+/// `x` `[t, heads, d]` as `[heads, t, d]`.
+fn heads_first(x: &[f32], t: usize, heads: usize, d: usize) -> Vec<f32> {
+    if t == 1 {
+        return x.to_vec();
+    }
+    let mut out = vec![0f32; x.len()];
+    for (i, v) in x.chunks_exact(d).enumerate() {
+        let (row, head) = (i / heads, i % heads);
+        out[(head * t + row) * d..][..d].copy_from_slice(v);
+    }
+    out
 }
 
 /// Head counts and sizes of a cached attention: keys are the first `qk_dim` values of each cached key row and
@@ -520,13 +566,22 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate.forward(x)?;
-        let gate = match self.act {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
-            Activation::GeluTanh => gate.gelu()?,
+        let (gate, up) = (self.gate.forward(x)?, self.up.forward(x)?);
+        let hidden = match self.act {
+            Activation::Silu if gate.dtype() == DType::F32 && up.dtype() == DType::F32 => silu_mul(&gate, &up)?,
+            Activation::Silu => (candle_nn::ops::silu(&gate)? * up)?,
+            Activation::GeluTanh => (gate.gelu()? * up)?,
         };
-        self.down.forward(&(gate * self.up.forward(x)?)?)
+        self.down.forward(&hidden)
     }
+}
+
+/// `silu(gate) · up` for f32 tensors of one shape (see [`super::silu`]).
+fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
+    let (g, mut u) = (flat(gate)?, flat(up)?);
+    super::silu::silu_mul(&g, &mut u);
+    Ok(Tensor::from_vec(u, gate.shape(), gate.device())?)
 }
 
 /// One decoder layer of an architecture: weights only, shared by every sequence of the loaded model.
@@ -997,6 +1052,31 @@ mod tests {
 
     fn filled(n: usize, seed: usize) -> Vec<f32> {
         (0..n).map(|i| (((i + seed) * 7919 % 997) as f32 / 498.5 - 1.0) * 2.0).collect()
+    }
+
+    /// `Rope::rotate` on `[t, heads, d]` gives candle's `rope`/`rope_i` on `[1, heads, t, d]`, bit for bit.
+    #[test]
+    fn rotate_is_candles_rope() {
+        let (t, heads, d) = (5, 3, 16);
+        for layout in [RopeLayout::Halves, RopeLayout::Interleaved] {
+            let rope = Rope::new(d, 10_000.0, &RopeScaling::None, layout).unwrap();
+            let (cos, sin) = rope.cos_sin(7, t, &Device::Cpu).unwrap();
+            let x = filled(t * heads * d, 3);
+            let want = rope
+                .apply(&Tensor::from_slice(&x, (1, t, heads, d), &Device::Cpu).unwrap().transpose(1, 2).unwrap(), &cos, &sin)
+                .unwrap()
+                .transpose(1, 2)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let mut ours = x.clone();
+            rope.rotate(&mut ours, heads, d, &flat(&cos), &flat(&sin));
+            assert_eq!(ours.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_ne!(ours, x);
+        }
     }
 
     /// Within 2 ulp of the correctly rounded e^x over the range the softmax uses.

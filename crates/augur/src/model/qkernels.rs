@@ -578,6 +578,9 @@ mod avx512 {
     /// A [`group_tile`] instance for one weight type and row count.
     pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
 
+    /// How far ahead (in group-blocks) the weights are prefetched.
+    const PREFETCH_BLOCKS: usize = 8;
+
     const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
 
     /// The instance compiled for `kind` and `rows` (1 to [`GROUP_TILE`]): with both constant, the type's branches
@@ -648,6 +651,10 @@ mod avx512 {
         let mut wq = [_mm512_setzero_si512(); 8];
         for b in 0..nb {
             let blk = w.as_ptr().add(b * block_bytes);
+            let ahead = blk.wrapping_add(PREFETCH_BLOCKS * block_bytes);
+            for line in (0..block_bytes).step_by(64) {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+            }
             if kind == BlockKind::Q8_0 {
                 for (c, v) in wq.iter_mut().enumerate() {
                     *v = _mm512_loadu_si512(blk.add(64 * c) as *const _);
