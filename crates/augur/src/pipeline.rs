@@ -62,10 +62,10 @@ impl LoadedLm {
         opts: &model::LoadOptions,
         shared: Option<&Arc<Tokenizer>>,
     ) -> Result<Self> {
-        let loaded = model::load_with(path, device, opts)?;
+        let (loaded, gguf_tokenizer) = model::load_reading_gguf(path, device, opts, |m| Tokenizer::from_gguf(m, path))?;
         let cfg = loaded.model.config().clone();
-        let (tokenizer, mut defaults) = match &loaded.gguf {
-            Some(content) => (Arc::new(Tokenizer::from_gguf(content, path)?), GenerationOptions::default()),
+        let (tokenizer, mut defaults) = match gguf_tokenizer {
+            Some(tokenizer) => (Arc::new(tokenizer), GenerationOptions::default()),
             None => {
                 let gc = path.join("generation_config.json");
                 let defaults =

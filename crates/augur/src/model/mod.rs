@@ -28,6 +28,7 @@ pub mod weights;
 
 use std::path::Path;
 
+use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 
 pub use config::{Architecture, LayerKind, ModelConfig};
@@ -132,8 +133,6 @@ pub struct LoadedModel {
     /// The checkpoint's MTP layers (DeepSeek-V3, GLM-4.5), taken out of the model for the MTP drafter.
     pub mtp: Option<Box<dyn mtp::MtpHead>>,
     pub weights_info: WeightsInfo,
-    /// The GGUF metadata, when the model came from a GGUF file (it also holds the tokenizer).
-    pub gguf: Option<std::sync::Arc<candle_core::quantized::gguf_file::Content>>,
 }
 
 /// What `augur info` reports about the stored weights.
@@ -165,24 +164,37 @@ pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
 }
 
 pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
+    load_reading_gguf(path, device, opts, |_| Ok(())).map(|(model, _)| model)
+}
+
+/// As [`load_with`], and for a GGUF file also `read(metadata)` (the tokenizer lives there), before any tensor
+/// is loaded: the metadata is dropped before the weights arrive, so it does not add to peak memory.
+pub fn load_reading_gguf<T>(
+    path: &Path,
+    device: &Device,
+    opts: &LoadOptions,
+    read: impl FnOnce(&gguf_file::Content) -> Result<T>,
+) -> Result<(LoadedModel, Option<T>)> {
     if path.is_dir() {
         let cfg = ModelConfig::from_hf_file(&path.join("config.json"))?;
         let mut w = Weights::open_safetensors(path, cfg.architecture, device)?;
         w.dequantize = opts.dequantize;
         let weights_info = info(&w);
         let mut model = build(cfg, &w)?;
-        Ok(LoadedModel { mtp: model.take_mtp(), model, weights_info, gguf: None })
+        Ok((LoadedModel { mtp: model.take_mtp(), model, weights_info }, None))
     } else if path.is_file() {
-        let (mut w, content) = Weights::open_gguf(path, device)?;
+        let (mut w, metadata) = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
-        let mut cfg = ModelConfig::from_gguf(&content)?;
+        let mut cfg = ModelConfig::from_gguf(&metadata)?;
+        let read = read(&metadata)?;
+        drop(metadata);
         if w.contains("rope_freqs.weight") {
             let f = w.f32("rope_freqs.weight", &[cfg.head_dim / 2])?.to_vec1::<f32>()?;
             cfg.rope_scaling = config::RopeScaling::Factors(f);
         }
         let weights_info = info(&w);
         let mut model = build(cfg, &w)?;
-        Ok(LoadedModel { mtp: model.take_mtp(), model, weights_info, gguf: Some(content) })
+        Ok((LoadedModel { mtp: model.take_mtp(), model, weights_info }, Some(read)))
     } else {
         Err(Error::ModelNotFound(path.display().to_string()))
     }

@@ -248,10 +248,11 @@ fn gguf_error(path: &Path, reason: impl ToString) -> Error {
 }
 
 impl Weights {
-    /// Opens a GGUF file and checks that every tensor it lists lies inside the file.
-    pub fn open_gguf(path: &Path, device: &Device) -> Result<(Self, Arc<gguf_file::Content>)> {
+    /// Opens a GGUF file and checks that every tensor it lists lies inside the file; returns the weights and the
+    /// file's metadata (its tensor table left empty).
+    pub fn open_gguf(path: &Path, device: &Device) -> Result<(Self, gguf_file::Content)> {
         let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-        let content = gguf_file::Content::read(&mut f).map_err(|e| gguf_error(path, e))?;
+        let mut content = gguf_file::Content::read(&mut f).map_err(|e| gguf_error(path, e))?;
         let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
         let data_len = file_len.saturating_sub(content.tensor_data_offset);
         for (name, info) in &content.tensor_infos {
@@ -277,16 +278,23 @@ impl Weights {
             .and_then(|v| v.to_string().ok().cloned())
             .ok_or_else(|| Error::config("general.architecture", format!("missing from {}", path.display())))?;
         let arch = Architecture::parse(&arch_name)?;
-        let content = Arc::new(content);
+        // The weights keep the tensor table only: the metadata (SmolLM2's vocabulary and merges, 7 MB as
+        // candle's values) goes to the caller, who can drop it before the tensors are loaded.
+        let metadata = gguf_file::Content {
+            magic: content.magic,
+            metadata: std::mem::take(&mut content.metadata),
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: content.tensor_data_offset,
+        };
         Ok((
             Weights {
-                source: Source::Gguf { content: content.clone(), file: Mutex::new(f) },
+                source: Source::Gguf { content: Arc::new(content), file: Mutex::new(f) },
                 path: path.to_path_buf(),
                 arch,
                 device: device.clone(),
                 dequantize: false,
             },
-            content,
+            metadata,
         ))
     }
 
