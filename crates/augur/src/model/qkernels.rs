@@ -678,24 +678,29 @@ mod avx512 {
             } else {
                 _mm512_setzero_ps()
             };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let row = r0 + r;
-                let a = act.qs.as_ptr().add(row * k + b * QK) as *const i32;
-                let y = |c: usize| _mm512_set1_epi32(a.add(c).read_unaligned());
-                let i = row * nb + b;
-                // Two chains of four (the rows give the out-of-order core independent work); the exact
-                // integer offset starts one of them, so no subtraction is needed.
-                let mut d0 = if kind.offset() == 0 {
+            // Two chains of four `vpdpbusd` per row, the rows' chains interleaved: 2R independent accumulators
+            // keep both vector ports busy (a chain's result is ready only every 6 cycles). The exact integer
+            // offset starts one of them, so no subtraction is needed.
+            let y = |r: usize, c: usize| {
+                _mm512_set1_epi32((act.qs.as_ptr().add((r0 + r) * k + b * QK + 4 * c) as *const i32).read_unaligned())
+            };
+            let mut d0: [__m512i; R] = std::array::from_fn(|r| {
+                if kind.offset() == 0 {
                     _mm512_setzero_si512()
                 } else {
-                    _mm512_set1_epi32(-act.correction[i])
-                };
-                let mut d1 = _mm512_setzero_si512();
-                for c in (0..8).step_by(2) {
-                    d0 = _mm512_dpbusd_epi32(d0, wq[c], y(c));
-                    d1 = _mm512_dpbusd_epi32(d1, wq[c + 1], y(c + 1));
+                    _mm512_set1_epi32(-act.correction[(r0 + r) * nb + b])
                 }
-                let dot = _mm512_add_epi32(d0, d1);
+            });
+            let mut d1 = [_mm512_setzero_si512(); R];
+            for c in (0..8).step_by(2) {
+                for r in 0..R {
+                    d0[r] = _mm512_dpbusd_epi32(d0[r], wq[c], y(r, c));
+                    d1[r] = _mm512_dpbusd_epi32(d1[r], wq[c + 1], y(r, c + 1));
+                }
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let i = (r0 + r) * nb + b;
+                let dot = _mm512_add_epi32(d0[r], d1[r]);
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d[i]));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc);
                 if kind == BlockKind::Q4_1 {
