@@ -578,7 +578,9 @@ mod avx512 {
     /// A [`group_tile`] instance for one weight type and row count.
     pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
 
-    /// How far ahead (in group-blocks) the weights are prefetched.
+    /// How far ahead (in group-blocks) the weights are prefetched: with the hardware prefetcher alone a
+    /// one-token forward waited on memory (SmolLM2's took 11 ms, 9 with this). A prefetch past the end of the
+    /// weights is harmless (it never faults).
     const PREFETCH_BLOCKS: usize = 8;
 
     const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];

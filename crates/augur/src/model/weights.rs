@@ -249,7 +249,7 @@ fn gguf_error(path: &Path, reason: impl ToString) -> Error {
 
 impl Weights {
     /// Opens a GGUF file and checks that every tensor it lists lies inside the file; returns the weights and the
-    /// file's metadata (its tensor table left empty).
+    /// file's metadata (the weights keep none of it).
     pub fn open_gguf(path: &Path, device: &Device) -> Result<(Self, gguf_file::Content)> {
         let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
         let mut content = gguf_file::Content::read(&mut f).map_err(|e| gguf_error(path, e))?;
@@ -279,11 +279,19 @@ impl Weights {
             .ok_or_else(|| Error::config("general.architecture", format!("missing from {}", path.display())))?;
         let arch = Architecture::parse(&arch_name)?;
         // The weights keep the tensor table only: the metadata (SmolLM2's vocabulary and merges, 7 MB as
-        // candle's values) goes to the caller, who can drop it before the tensors are loaded.
+        // candle's values) goes to the caller, who can drop it before the tensors are loaded. The caller's copy
+        // keeps the tensor table too: the configuration reads which tensors exist (biases, a separate LM head).
         let metadata = gguf_file::Content {
             magic: content.magic,
             metadata: std::mem::take(&mut content.metadata),
-            tensor_infos: HashMap::new(),
+            tensor_infos: content
+                .tensor_infos
+                .iter()
+                .map(|(name, i)| {
+                    let info = gguf_file::TensorInfo { ggml_dtype: i.ggml_dtype, shape: i.shape.clone(), offset: i.offset };
+                    (name.clone(), info)
+                })
+                .collect(),
             tensor_data_offset: content.tensor_data_offset,
         };
         Ok((
