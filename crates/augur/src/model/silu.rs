@@ -34,7 +34,7 @@ fn exp_table() -> [u64; N] {
 }
 
 /// N / ln 2.
-const INV_LN2_N: f64 = 1.442_695_040_888_963_4 * N as f64;
+const INV_LN2_N: f64 = std::f64::consts::LOG2_E * N as f64;
 /// 1.5 · 2^52: adding it rounds to an integer held in the low bits.
 const SHIFT: f64 = 6_755_399_441_055_744.0;
 /// The polynomial 2^(r/N) ≈ 1 + C2·r + C1·r² + C0·r³ for |r| ≤ 1/2.
