@@ -448,19 +448,35 @@ impl AttendJob<'_> {
         self.softmax(scores, n);
         for (i, oh) in o.chunks_exact_mut(dv).enumerate() {
             let p = &scores[i * n..(i + 1) * n];
-            for c0 in (0..dv).step_by(64) {
-                let lanes = (dv - c0).min(64) / 8;
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for (j, &w) in p.iter().enumerate() {
-                    let (w, v) = (_mm256_set1_ps(w), self.cache.value(kvh, first + j)[c0..].as_ptr());
-                    for (u, a) in acc[..lanes].iter_mut().enumerate() {
-                        *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * u)), *a);
-                    }
-                }
-                for (u, a) in acc[..lanes].iter().enumerate() {
-                    _mm256_storeu_ps(oh.as_mut_ptr().add(c0 + 8 * u), *a);
-                }
+            let mut c0 = 0;
+            // 64 dimensions at a time in eight registers; a constant count keeps the sums in registers (with a
+            // count known only at run time they lived on the stack, a load and a store per value row).
+            while c0 + 64 <= dv {
+                self.weighted_values::<8>(p, kvh, first, c0, oh);
+                c0 += 64;
             }
+            while c0 < dv {
+                self.weighted_values::<1>(p, kvh, first, c0, oh);
+                c0 += 8;
+            }
+        }
+    }
+
+    /// `oh[c0 .. c0 + 8L] = Σ_j p[j] · value(first + j)[c0 .. c0 + 8L]`, in key order.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn weighted_values<const L: usize>(&self, p: &[f32], kvh: usize, first: usize, c0: usize, oh: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let mut acc = [_mm256_setzero_ps(); L];
+        for (j, &w) in p.iter().enumerate() {
+            let (w, v) = (_mm256_set1_ps(w), self.cache.value(kvh, first + j)[c0..c0 + 8 * L].as_ptr());
+            for (u, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * u)), *a);
+            }
+        }
+        for (u, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(oh[c0 + 8 * u..c0 + 8 * u + 8].as_mut_ptr(), *a);
         }
     }
 
