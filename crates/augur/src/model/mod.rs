@@ -23,6 +23,7 @@ mod parallel;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod qkernels;
 mod qwen2;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod silu;
 pub mod weights;
 
