@@ -184,11 +184,12 @@ pub fn load_reading_gguf<T>(
         let mut model = build(cfg, &w)?;
         Ok((LoadedModel { mtp: model.take_mtp(), model, weights_info }, None))
     } else if path.is_file() {
-        let (mut w, metadata) = Weights::open_gguf(path, device)?;
+        let mut w = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
-        let mut cfg = ModelConfig::from_gguf(&metadata)?;
-        let read = read(&metadata)?;
-        drop(metadata);
+        let content = w.gguf().expect("open_gguf gives GGUF weights");
+        let mut cfg = ModelConfig::from_gguf(content)?;
+        let read = read(content)?;
+        w.drop_gguf_metadata();
         if w.contains("rope_freqs.weight") {
             let f = w.f32("rope_freqs.weight", &[cfg.head_dim / 2])?.to_vec1::<f32>()?;
             cfg.rope_scaling = config::RopeScaling::Factors(f);
