@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor};
 
 use super::config::{MlaConfig, ModelConfig, RopeLayout};
 use super::kv_cache::KvCache;
-use super::layers::{attend, causal, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
+use super::layers::{attend, causal, flat, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
 use super::moe::FeedForward;
 use super::mtp::{Mtp, MtpHead, WithMtp};
 use super::weights::{Linear, Weights};
@@ -106,7 +106,6 @@ impl MlaAttention {
                 step.start
             )));
         }
-        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         cache.append(&flat(&pad(key, qk)?)?, &flat(&pad(value, dv)?)?);
         let q = flat(&query.transpose(1, 2)?.contiguous()?)?; // [h, t, qk]
         let shape = AttendShape { n_heads: h, n_kv_heads: h, qk_dim: qk, v_dim: dv };

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::config::{LayerKind, ModelConfig, RopeLayout};
 use super::kv_cache::KvCache;
-use super::layers::{attend, AttendShape, Mlp, Rope, RmsNorm};
+use super::layers::{attend, flat, AttendShape, Mlp, Rope, RmsNorm};
 use super::weights::{Embedding, Linear, Weights};
 use super::{CausalLm, ForwardOptions, ForwardOutput, LogitRows};
 use crate::error::{Error, Result};
@@ -352,13 +352,12 @@ impl Layer {
             let k = kv.k_norm.forward(&raw_k)?;
             let k = rope.apply(&k.transpose(1, 2)?, &cs.0, &cs.1)?.transpose(1, 2)?; // [1, t, kv, d]
             let v = rms_unit(&v, self.eps)?;
-            let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
             cache.append(&flat(&k)?, &flat(&v)?);
         } else if cache.len() < rows.start + t {
             // A reusing layer's queries may start later than the block (rows dropped), never past its source.
             return Err(Error::InvalidOption("a KV-sharing layer ran before the layer whose KV it reuses".into()));
         }
-        let q = q.flatten_all()?.to_vec1::<f32>()?;
+        let q = flat(&q)?;
         let (start, window) = (rows.start, self.window);
         let out = attend(cache, &q, AttendShape::over(cache, self.n_heads), t, 1.0, None, |row| {
             let pos = start + row;

@@ -7,7 +7,7 @@ use candle_core::Tensor;
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
-use super::layers::{attend, causal, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
+use super::layers::{attend, causal, flat, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
 use super::moe::FeedForward;
 use super::mtp::{Mtp, MtpHead, WithMtp};
 use super::weights::{Linear, Weights};
@@ -80,7 +80,6 @@ impl Glm4MoeAttention {
                 step.start
             )));
         }
-        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         cache.append(&flat(&k)?, &flat(&v)?);
         let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
         let out = attend(cache, &flat(&q)?, shape, t, self.scale as f32, None, causal(step.start, None));

@@ -268,7 +268,6 @@ impl Attention {
         } else {
             (&ropes.full, &step.rope_full)
         };
-        let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
         let (cos, sin) = (flat(cos)?, flat(sin)?);
         let (mut q, mut k) = (flat(&q)?, flat(&k)?); // [t, h, d], [t, kv, d]
         rope.rotate(&mut q, h, d, &cos, &sin);
@@ -287,6 +286,11 @@ impl Attention {
         let out = attend(cache, &q, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
         Ok(Tensor::from_vec(out, (1, t, h * d), &device)?)
     }
+}
+
+/// A tensor's values in row-major order, as f32.
+pub(super) fn flat(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// `x` `[t, heads, d]` as `[heads, t, d]`.
@@ -594,7 +598,6 @@ impl Mlp {
 
 /// `silu(gate) · up` for f32 tensors of one shape (see [`super::silu`]).
 fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    let flat = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.flatten_all()?.to_vec1::<f32>()?) };
     let (g, mut u) = (flat(gate)?, flat(up)?);
     super::silu::silu_mul(&g, &mut u);
     Ok(Tensor::from_vec(u, gate.shape(), gate.device())?)
@@ -1010,7 +1013,7 @@ impl<B: Block> CausalLm for Decoder<B> {
                 let start = self.len + self.early.tokens.len();
                 let x = self.run_layers(self.embed_tokens(tokens)?, 0..exit, start)?;
                 self.early.tokens.extend_from_slice(tokens);
-                self.early.hidden.extend(x.flatten_all()?.to_vec1::<f32>()?);
+                self.early.hidden.extend(flat(&x)?);
                 x
             }
             None => {
@@ -1087,9 +1090,8 @@ mod tests {
                 .unwrap()
                 .to_vec1::<f32>()
                 .unwrap();
-            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let mut ours = x.clone();
-            rope.rotate(&mut ours, heads, d, &flat(&cos), &flat(&sin));
+            rope.rotate(&mut ours, heads, d, &flat(&cos).unwrap(), &flat(&sin).unwrap());
             assert_eq!(ours.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
             assert_ne!(ours, x);
         }
