@@ -651,6 +651,9 @@ mod avx512 {
         let fifth = _mm512_set1_epi8(0x10);
         let mut acc = [_mm512_setzero_ps(); R];
         let mut wq = [_mm512_setzero_si512(); 8];
+        // Checked once here, so that the row loop carries no bounds checks (scalar work next to the vector ops).
+        assert!((r0 + R) * nb <= act.d.len() && (r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
+        let (qs, d, s, correction) = (act.qs.as_ptr(), act.d.as_ptr(), act.s.as_ptr(), act.correction.as_ptr());
         for b in 0..nb {
             let blk = w.as_ptr().add(b * block_bytes);
             let ahead = blk.wrapping_add(PREFETCH_BLOCKS * block_bytes);
@@ -684,13 +687,13 @@ mod avx512 {
             // keep both vector ports busy (a chain's result is ready only every 6 cycles). The exact integer
             // offset starts one of them, so no subtraction is needed.
             let y = |r: usize, c: usize| {
-                _mm512_set1_epi32((act.qs.as_ptr().add((r0 + r) * k + b * QK + 4 * c) as *const i32).read_unaligned())
+                _mm512_set1_epi32((qs.add((r0 + r) * k + b * QK + 4 * c) as *const i32).read_unaligned())
             };
             let mut d0: [__m512i; R] = std::array::from_fn(|r| {
                 if kind.offset() == 0 {
                     _mm512_setzero_si512()
                 } else {
-                    _mm512_set1_epi32(-act.correction[(r0 + r) * nb + b])
+                    _mm512_set1_epi32(-*correction.add((r0 + r) * nb + b))
                 }
             });
             let mut d1 = [_mm512_setzero_si512(); R];
@@ -703,10 +706,10 @@ mod avx512 {
             for (r, acc) in acc.iter_mut().enumerate() {
                 let i = (r0 + r) * nb + b;
                 let dot = _mm512_add_epi32(d0[r], d1[r]);
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(act.d[i]));
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d.add(i)));
                 *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc);
                 if kind == BlockKind::Q4_1 {
-                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(act.s[i]), *acc);
+                    *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(*s.add(i)), *acc);
                 }
             }
         }
