@@ -478,7 +478,7 @@ fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         return Tokenizer::from_hf_dir(path);
     }
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::BadFile {
+    let inner = serde_json::from_slice::<crate::tokenizer::Inner>(&bytes).map_err(|e| Error::BadFile {
         path: path.to_path_buf(),
         format: "tokenizer.json",
         reason: e.to_string(),

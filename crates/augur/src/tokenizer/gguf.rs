@@ -13,6 +13,7 @@
 //! candle's `TokenizerFromGguf` covers only part of this (no SentencePiece vocabularies, GPT-2's
 //! `add_prefix_space` where SmolLM has none, user-defined tokens made special), so it is not used.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -35,7 +36,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
-use super::{special_ids, Tokenizer};
+use super::{special_ids, AnyModel, CompactBpe, Inner, Tokenizer};
 use crate::error::{Error, Result};
 
 /// `tokenizer.ggml.pre` values this module knows how to rebuild for byte-level BPE vocabularies.
@@ -260,7 +261,7 @@ fn byte_level_bpe(
     types: &[i64],
     unk: Option<u32>,
     pre: &str,
-) -> Result<(tokenizers::Tokenizer, bool)> {
+) -> Result<(Inner, bool)> {
     let merges = meta
         .strings("tokenizer.ggml.merges")?
         .ok_or_else(|| meta.bad("byte-level BPE needs `tokenizer.ggml.merges`, which is missing"))?
@@ -276,25 +277,22 @@ fn byte_level_bpe(
     // Normal tokens are written in GPT-2's byte-to-unicode spelling; one that is not (llama.cpp writes
     // some undecodable ones raw) is respelled so the merges that name it find it.
     let alphabet = ByteLevel::alphabet();
-    let mut vocab = Vocab::with_capacity(tokens.len());
-    for (id, tok) in tokens.iter().enumerate() {
-        let key = if types[id] == token_type::NORMAL && !tok.chars().all(|c| alphabet.contains(&c)) {
-            byte_level_spelling(tok)
-        } else {
-            tok.clone()
-        };
-        vocab.entry(key).or_insert(id as u32);
-    }
-
-    let mut builder = BPE::builder().vocab_and_merges(vocab, merges);
-    if let Some(id) = unk {
-        builder = builder.unk_token(tokens[id as usize].clone());
-    }
-    if let Some(true) = meta.bool("tokenizer.ggml.ignore_merges")? {
-        builder = builder.ignore_merges(true);
-    }
-    let bpe = builder.build().map_err(|e| meta.bad(format!("cannot build the BPE model: {e}")))?;
-    let mut tok = tokenizers::Tokenizer::new(bpe);
+    let spellings: Vec<Cow<str>> = tokens
+        .iter()
+        .enumerate()
+        .map(|(id, tok)| {
+            if types[id] == token_type::NORMAL && !tok.chars().all(|c| alphabet.contains(&c)) {
+                Cow::Owned(byte_level_spelling(tok))
+            } else {
+                Cow::Borrowed(tok.as_str())
+            }
+        })
+        .collect();
+    let unk_token = unk.map(|id| tokens[id as usize].clone());
+    let ignore_merges = meta.bool("tokenizer.ggml.ignore_merges")?.unwrap_or(false);
+    let bpe = CompactBpe::new(&spellings, &merges, unk_token, ignore_merges)
+        .map_err(|e| meta.bad(format!("cannot build the BPE model: {e}")))?;
+    let mut tok = Inner::new(AnyModel::Compact(bpe));
 
     let split = |regex: &str| -> Result<PreTokenizerWrapper> {
         Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false)
@@ -364,7 +362,7 @@ fn sentencepiece_bpe(
     types: &[i64],
     unk: Option<u32>,
     add_space_prefix: bool,
-) -> Result<tokenizers::Tokenizer> {
+) -> Result<Inner> {
     let scores = meta
         .array("tokenizer.ggml.scores")?
         .ok_or_else(|| meta.bad("a SentencePiece vocabulary needs `tokenizer.ggml.scores`, which is missing"))?;
@@ -391,7 +389,7 @@ fn sentencepiece_bpe(
         builder = builder.unk_token(tokens[id as usize].clone());
     }
     let bpe = builder.build().map_err(|e| meta.bad(format!("cannot build the BPE model: {e}")))?;
-    let mut tok = tokenizers::Tokenizer::new(bpe);
+    let mut tok = Inner::new(bpe.into());
 
     let replace = Replace::new(" ", "▁").map_err(|e| Error::Tokenizer(e.to_string()))?;
     let normalizer: NormalizerWrapper = if add_space_prefix {
@@ -449,7 +447,7 @@ fn merges_from_scores(tokens: &[String], types: &[i64], scores: &[f64], vocab: &
 /// published tokenizer.json files do.
 fn add_special_and_user_tokens(
     meta: &Meta,
-    tok: &mut tokenizers::Tokenizer,
+    tok: &mut Inner,
     tokens: &[String],
     types: &[i64],
     named: [Option<u32>; 4],

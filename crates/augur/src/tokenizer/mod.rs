@@ -1,9 +1,10 @@
 //! Tokenizers: Hugging Face `tokenizer.json`, tokenizers rebuilt from GGUF metadata, chat templates and
 //! streaming detokenization.
 //!
-//! [`Tokenizer`] wraps a `tokenizers::Tokenizer` with what generation needs besides ids: bos/eos/pad
+//! [`Tokenizer`] wraps a `tokenizers` pipeline ([`Inner`]) with what generation needs besides ids: bos/eos/pad
 //! tokens, whether encoding adds bos, and the chat template.
 
+mod bpe;
 mod chat;
 mod gguf;
 mod stream;
@@ -14,6 +15,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file;
 use serde_json::Value as Json;
 
+pub use bpe::{AnyModel, CompactBpe, Inner};
 pub use chat::ChatMessage;
 pub use gguf::SUPPORTED_PRE_TOKENIZERS;
 pub use stream::TextStream;
@@ -23,7 +25,7 @@ use crate::error::{Error, Result};
 /// A tokenizer plus the special-token facts that generation and chat formatting need.
 #[derive(Clone)]
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    inner: Inner,
     kind: String,
     bos_token: Option<String>,
     bos_token_id: Option<u32>,
@@ -106,7 +108,7 @@ impl Tokenizer {
         let dir = dir.as_ref();
         let tok_path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::BadFile {
+        let inner = serde_json::from_slice::<Inner>(&bytes).map_err(|e| Error::BadFile {
             path: tok_path.clone(),
             format: "tokenizer.json",
             reason: e.to_string(),
@@ -124,7 +126,7 @@ impl Tokenizer {
     /// Builds from an already parsed `tokenizer.json` plus the (possibly `null`) contents of
     /// tokenizer_config.json and special_tokens_map.json; `config_path` only names the file in errors.
     pub fn from_parts(
-        mut inner: tokenizers::Tokenizer,
+        mut inner: Inner,
         config: &Json,
         special_tokens_map: &Json,
         chat_template: Option<String>,
@@ -134,7 +136,7 @@ impl Tokenizer {
         let special = |key: &str| {
             special_token_string(config.get(key)).or_else(|| special_token_string(special_tokens_map.get(key)))
         };
-        let id_of = |inner: &tokenizers::Tokenizer, key: &str, tok: &Option<String>| -> Result<Option<u32>> {
+        let id_of = |inner: &Inner, key: &str, tok: &Option<String>| -> Result<Option<u32>> {
             match tok {
                 None => Ok(None),
                 Some(t) => inner.token_to_id(t).map(Some).ok_or_else(|| {
@@ -153,7 +155,7 @@ impl Tokenizer {
         // tokenizer.json's post-processor decides whether bos/eos are added; an explicit
         // `add_bos_token`/`add_eos_token` in the config overrides it, as Llama/Gemma's fast
         // tokenizers do with `update_post_processor`.
-        let adds = |inner: &tokenizers::Tokenizer, id: Option<u32>, first: bool| -> Result<bool> {
+        let adds = |inner: &Inner, id: Option<u32>, first: bool| -> Result<bool> {
             let Some(id) = id else { return Ok(false) };
             let enc = inner.encode("", true).map_err(|e| Error::Tokenizer(e.to_string()))?;
             let ids = enc.get_ids();
@@ -303,7 +305,7 @@ impl Tokenizer {
     }
 
     /// The wrapped `tokenizers` tokenizer, for what this type does not expose.
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
+    pub fn inner(&self) -> &Inner {
         &self.inner
     }
 
@@ -327,19 +329,23 @@ pub(crate) fn clean_up_tokenization(text: &str) -> String {
         .replace(" 're", "'re")
 }
 
-fn special_ids(inner: &tokenizers::Tokenizer) -> HashSet<u32> {
+fn special_ids(inner: &Inner) -> HashSet<u32> {
     inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
 }
 
 /// "byte-level BPE", "SentencePiece BPE", … from the model type and the decoder.
-fn describe(inner: &tokenizers::Tokenizer) -> String {
+fn describe(inner: &Inner) -> String {
     use tokenizers::models::ModelWrapper;
     let mentions =
         |v: Option<serde_json::Result<String>>, what: &str| v.and_then(|r| r.ok()).is_some_and(|s| s.contains(what));
     let byte_level = mentions(inner.get_decoder().map(serde_json::to_string), "ByteLevel")
         || mentions(inner.get_pre_tokenizer().map(serde_json::to_string), "ByteLevel");
-    match inner.get_model() {
-        ModelWrapper::BPE(bpe) if byte_level => "byte-level BPE".to_string(),
+    let model = match inner.get_model() {
+        AnyModel::Compact(_) => return "byte-level BPE".to_string(),
+        AnyModel::Crate(m) => m,
+    };
+    match model {
+        ModelWrapper::BPE(_) if byte_level => "byte-level BPE".to_string(),
         ModelWrapper::BPE(bpe) if bpe.byte_fallback => "SentencePiece BPE (byte fallback)".to_string(),
         ModelWrapper::BPE(_) => "BPE".to_string(),
         ModelWrapper::Unigram(_) => "SentencePiece Unigram".to_string(),
@@ -370,7 +376,7 @@ pub(crate) mod tests {
             vocab.insert(format!("{a}{b}"), n);
         }
         let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().expect("valid BPE");
-        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let mut inner = Inner::new(bpe.into());
         inner.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
         inner.with_decoder(Some(ByteLevel::new(false, true, true)));
         inner

@@ -232,7 +232,7 @@ mod tests {
             .byte_fallback(true)
             .build()
             .unwrap();
-        let mut inner = tokenizers::Tokenizer::new(bpe);
+        let mut inner = crate::tokenizer::Inner::new(bpe.into());
         let replace = Replace::new(" ", "▁").unwrap();
         if add_space_prefix {
             inner.with_normalizer(Some(NSeq::new(vec![Prepend::new("▁".into()).into(), replace.into()]))).unwrap();

@@ -28,7 +28,7 @@ use crate::tokenizer::{clean_up_tokenization, Tokenizer};
 /// `clean_up_tokenization_spaces`, which Transformers 5.24 ignores for BPE models (most tokenizers).
 pub(crate) fn decode_text(tok: &Tokenizer, ids: &[u32]) -> Result<String> {
     let text = tok.decode_raw(ids, true)?;
-    let bpe = matches!(tok.inner().get_model(), tokenizers::models::ModelWrapper::BPE(_));
+    let bpe = tok.inner().get_model().is_bpe();
     Ok(if bpe { text } else { clean_up_tokenization(&text) })
 }
 
