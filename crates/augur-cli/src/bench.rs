@@ -38,6 +38,9 @@ pub struct BenchArgs {
     /// Speed mode: block sizes of the k-token forward cost curve.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
     k: Vec<usize>,
+    /// Speed mode: cached tokens before each block of the cost curve (attention's share grows with it).
+    #[arg(long, default_value_t = 64)]
+    k_context: usize,
     /// Spec-Bench mode: a question.jsonl file (`question_id`, `category`, `turns`).
     #[arg(long)]
     prompts: Option<PathBuf>,
@@ -137,7 +140,7 @@ fn speed(pipe: &mut Pipeline, args: &BenchArgs) -> Result<Value> {
         if args.k.contains(&0) {
             bail!("--k values must be at least 1");
         }
-        let context = synthetic_tokens(64, vocab);
+        let context = synthetic_tokens(args.k_context, vocab);
         let ks: Vec<usize> = std::iter::once(1).chain(args.k.iter().copied().filter(|&k| k != 1)).collect();
         let blocks: Vec<Vec<u32>> = ks.iter().map(|&k| synthetic_tokens(k, vocab)).collect();
         model.truncate(0);
@@ -159,7 +162,12 @@ fn speed(pipe: &mut Pipeline, args: &BenchArgs) -> Result<Value> {
         let base = median(secs[0].clone());
         for (k, s) in ks.iter().zip(secs) {
             let s = median(s);
-            println!("forward k={k:<2} at context 64: {:>8.2} ms = {:.2}x a one-token forward", s * 1e3, s / base);
+            println!(
+                "forward k={k:<2} at context {}: {:>8.2} ms = {:.2}x a one-token forward",
+                context.len(),
+                s * 1e3,
+                s / base
+            );
             curve.insert(k.to_string(), json!({ "seconds": s, "relative": s / base }));
         }
         out["k_cost"] = json!(curve);
