@@ -413,7 +413,6 @@ impl AttendSimd {
 }
 
 impl AttendJob<'_> {
-
     /// The `g` query heads of key/value head `kvh` at `row` over positions `first..end`, into `o`
     /// (`[g, v_dim]`, zeroed). `scores` is scratch space.
     fn unit(&self, row: usize, kvh: usize, (first, end): (usize, usize), scores: &mut Vec<f32>, o: &mut [f32]) {
