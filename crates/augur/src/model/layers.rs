@@ -480,14 +480,16 @@ impl AttendJob<'_> {
                 let pb = if pair { (sp.add((i + 1) * n), op.add((i + 1) * dv)) } else { pa };
                 let mut c0 = 0;
                 while c0 < dv {
+                    // 128 dimensions in eight registers per head while they last, then 16 at a time.
+                    let wide = dv - c0 >= 128;
                     let r = values.clone();
-                    match (pair, dv - c0 >= 128) {
+                    match (pair, wide) {
                         (true, true) => value_heads::<true, 8>(v0, stride, r, pa, pb, c0),
                         (false, true) => value_heads::<false, 8>(v0, stride, r, pa, pb, c0),
                         (true, false) => value_heads::<true, 1>(v0, stride, r, pa, pb, c0),
                         (false, false) => value_heads::<false, 1>(v0, stride, r, pa, pb, c0),
                     }
-                    c0 += if dv - c0 >= 128 { 128 } else { 16 };
+                    c0 += if wide { 128 } else { 16 };
                 }
                 i += 2;
             }

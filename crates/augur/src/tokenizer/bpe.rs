@@ -117,10 +117,8 @@ impl CompactBpe {
     /// The same model as the crate's BPE (for saving, and for the tests that compare the two).
     pub fn to_crate_bpe(&self) -> tokenizers::Result<BPE> {
         let t = &self.tables;
-        let vocab: Vocab = (0..t.ends.len() as u32)
-            .filter(|&id| t.id(t.spelling(id)) == Some(id))
-            .map(|id| (t.spelling(id).to_string(), id))
-            .collect();
+        let vocab: Vocab =
+            (0..t.ends.len() as u32).filter_map(|id| Some((t.indexed_spelling(id)?.to_string(), id))).collect();
         let mut ranked: Vec<_> = t.merges.iter().collect();
         ranked.sort_by_key(|(_, (rank, _))| *rank);
         let merges = ranked.into_iter().map(|(&(a, b), _)| (t.spelling(a).to_string(), t.spelling(b).to_string()));
@@ -137,6 +135,13 @@ impl Tables {
         let i = id as usize;
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         &self.text[start..self.ends[i] as usize]
+    }
+
+    /// `id`'s spelling if `id` is the one its spelling looks up (the crate's vocabulary has no entry for a later
+    /// duplicate), else `None`; also `None` past the vocabulary.
+    fn indexed_spelling(&self, id: u32) -> Option<&str> {
+        let s = (id < self.ends.len() as u32).then(|| self.spelling(id))?;
+        (self.id(s) == Some(id)).then_some(s)
     }
 
     /// The slot holding `s`, or the empty slot where it would go.
@@ -286,12 +291,7 @@ impl Model for CompactBpe {
     }
 
     fn id_to_token(&self, id: u32) -> Option<String> {
-        let t = &self.tables;
-        if id as usize >= t.ends.len() {
-            return None;
-        }
-        let s = t.spelling(id);
-        (t.id(s) == Some(id)).then(|| s.to_string())
+        self.tables.indexed_spelling(id).map(str::to_string)
     }
 
     fn get_vocab(&self) -> HashMap<String, u32> {
