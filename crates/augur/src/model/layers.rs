@@ -967,6 +967,10 @@ impl<B: Block> Decoder<B> {
     /// linear layer, norm and the LM head over the rows of all of them, attention per sequence. Each row gets
     /// the numbers it would get alone (the kernels are row-invariant), so batching never changes an output.
     fn forward_rows(&self, jobs: &mut [Job]) -> Result<Vec<ForwardOutput>> {
+        super::parallel::on_pool(|| self.forward_rows_here(jobs))
+    }
+
+    fn forward_rows_here(&self, jobs: &mut [Job]) -> Result<Vec<ForwardOutput>> {
         let ids: Vec<u32> = jobs.iter().flat_map(|j| j.tokens.iter().copied()).collect();
         let ids = Tensor::new(ids.as_slice(), &self.device)?;
         let mut x = self.embed.forward(&ids)?.unsqueeze(0)?; // [1, rows, hidden]
@@ -1236,6 +1240,15 @@ impl<B: Block> CausalLm for Decoder<B> {
             self.len = done.len;
             return done.out;
         }
+        super::parallel::on_pool(|| self.forward_alone(tokens, opts))
+    }
+}
+
+impl<B: Block> Decoder<B> {
+    /// A forward that is not batched with other forks: early-exit drafting, or a full forward that reuses
+    /// what drafting computed. Runs on a pool worker (see [`super::parallel::on_pool`]).
+    fn forward_alone(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let (t, n) = (tokens.len(), self.layers.len());
         let x = match opts.exit_layer {
             Some(exit) => {
                 // Drafting: the first `exit` layers only, after the positions they already hold.

@@ -5,6 +5,14 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
+/// Runs `f` on a worker of rayon's global pool, or in place when already on one. From any other thread, each
+/// parallel region inside `f` would go through the pool's queue and park the caller until it is done: a
+/// forward makes about seven such regions per layer, and each hand-off wakes a sleeping thread (SmolLM2
+/// decoded about 25% faster once its forward ran on a worker).
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
+}
+
 /// Runs `f` over chunks of `0..n_items` on the pool (the calling thread takes part); about eight chunks per
 /// thread, so a slow thread does not hold the others up.
 pub fn for_each_chunk(n_items: usize, f: impl Fn(Range<usize>) + Sync + Send) {
