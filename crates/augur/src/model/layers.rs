@@ -480,16 +480,27 @@ impl AttendJob<'_> {
                 let pb = if pair { (sp.add((i + 1) * n), op.add((i + 1) * dv)) } else { pa };
                 let mut c0 = 0;
                 while c0 < dv {
-                    // 128 dimensions in eight registers per head while they last, then 16 at a time.
-                    let wide = dv - c0 >= 128;
+                    // 128 dimensions in eight registers per head while they last, then 64, 32, 16: each register
+                    // is one chain of dependent FMAs (one per value row), so a head of 64 in one register at a
+                    // time waited on the FMA latency (SmolLM2's attention took a third longer).
                     let r = values.clone();
-                    match (pair, wide) {
-                        (true, true) => value_heads::<true, 8>(v0, stride, r, pa, pb, c0),
-                        (false, true) => value_heads::<false, 8>(v0, stride, r, pa, pb, c0),
-                        (true, false) => value_heads::<true, 1>(v0, stride, r, pa, pb, c0),
-                        (false, false) => value_heads::<false, 1>(v0, stride, r, pa, pb, c0),
+                    let lanes = match dv - c0 {
+                        128.. => 8,
+                        64.. => 4,
+                        32.. => 2,
+                        _ => 1,
+                    };
+                    match (pair, lanes) {
+                        (true, 8) => value_heads::<true, 8>(v0, stride, r, pa, pb, c0),
+                        (false, 8) => value_heads::<false, 8>(v0, stride, r, pa, pb, c0),
+                        (true, 4) => value_heads::<true, 4>(v0, stride, r, pa, pb, c0),
+                        (false, 4) => value_heads::<false, 4>(v0, stride, r, pa, pb, c0),
+                        (true, 2) => value_heads::<true, 2>(v0, stride, r, pa, pb, c0),
+                        (false, 2) => value_heads::<false, 2>(v0, stride, r, pa, pb, c0),
+                        (true, _) => value_heads::<true, 1>(v0, stride, r, pa, pb, c0),
+                        (false, _) => value_heads::<false, 1>(v0, stride, r, pa, pb, c0),
                     }
-                    c0 += if wide { 128 } else { 16 };
+                    c0 += 16 * lanes;
                 }
                 i += 2;
             }
@@ -1375,8 +1386,8 @@ mod tests {
     }
 
     /// A block of queries gets, row for row, the bits each query gets alone; and the vectorized unit agrees
-    /// with the portable one (head sizes with and without a vector tail, key counts with and without a
-    /// partial group of eight, soft-capping).
+    /// with the portable one (head sizes with and without a vector tail, each width of the value loop, key
+    /// counts with and without a partial group of eight, soft-capping).
     #[test]
     fn attention_rows_are_independent_and_paths_agree() {
         let cases = [
@@ -1388,6 +1399,9 @@ mod tests {
             (7, 1, 64, 3, 3, None),
             (9, 3, 64, 150, 3, None),
             (12, 2, 128, 200, 9, None),
+            (8, 4, 32, 20, 2, None),
+            (4, 2, 96, 30, 3, None),
+            (6, 3, 80, 25, 2, None),
         ];
         for (h, kv, d, ctx, t, softcap) in cases {
             let mut cache = KvCache::new(kv, d);
