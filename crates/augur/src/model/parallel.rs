@@ -56,3 +56,17 @@ impl<'a> SharedOut<'a> {
         self.ptr.add(start)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A forward's work runs on a pool worker, called from outside the pool or from inside it.
+    #[test]
+    fn on_pool_runs_on_a_worker() {
+        assert_eq!(rayon::current_thread_index(), None);
+        let outer = on_pool(|| (rayon::current_thread_index(), on_pool(rayon::current_thread_index)));
+        assert!(outer.0.is_some(), "{outer:?}");
+        assert_eq!(outer.0, outer.1, "a nested call stays on its worker");
+    }
+}
