@@ -25,7 +25,7 @@ pub struct RmsNorm {
     eps: f32,
 }
 
-/// Rows whose sums of squares [`RmsNorm`] runs side by side.
+/// Rows per task of [`RmsNorm`]; their sums of squares run four at a time side by side.
 const NORM_ROWS: usize = 8;
 
 impl RmsNorm {
@@ -38,8 +38,8 @@ impl RmsNorm {
     }
 
     /// Normalizes over the last dimension. On the CPU in f32, candle's arithmetic in candle's order (each row's
-    /// sum of squares a serial chain from its first element), with the chains of up to [`NORM_ROWS`] rows run
-    /// side by side: candle ran them one after another, so a verified block paid each row's chain in full.
+    /// sum of squares a serial chain from its first element), with the chains of four rows run side by side:
+    /// candle ran them one after another, so a verified block paid each row's chain in full.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if !x.device().is_cpu() || x.dtype() != DType::F32 {
             return Ok(candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)?);
