@@ -25,9 +25,6 @@ pub struct RmsNorm {
     eps: f32,
 }
 
-/// Rows per task of [`RmsNorm`]; their sums of squares run four at a time side by side.
-const NORM_ROWS: usize = 8;
-
 impl RmsNorm {
     pub fn load(w: &Weights, name: &str, dim: usize, eps: f64, plus_one: bool) -> Result<Self> {
         let mut weight = w.f32(name, &[dim])?;
@@ -53,16 +50,14 @@ impl RmsNorm {
             });
         }
         let mut v = flat(x)?;
+        // Up to four rows at a time: their sums side by side, then each row scaled.
         let norm_rows = |rows: &mut [f32]| {
-            let mut sums = [0f32; NORM_ROWS];
-            for (part, at) in rows.chunks(4 * n).zip((0..).step_by(4)) {
-                let sums = &mut sums[at..];
-                match part.len() / n {
-                    4 => sums[..4].copy_from_slice(&sums_of_squares::<4>(part, n)),
-                    3 => sums[..3].copy_from_slice(&sums_of_squares::<3>(part, n)),
-                    2 => sums[..2].copy_from_slice(&sums_of_squares::<2>(part, n)),
-                    _ => sums[..1].copy_from_slice(&sums_of_squares::<1>(part, n)),
-                }
+            let mut sums = [0f32; 4];
+            match rows.len() / n {
+                4 => sums = sums_of_squares::<4>(rows, n),
+                3 => sums[..3].copy_from_slice(&sums_of_squares::<3>(rows, n)),
+                2 => sums[..2].copy_from_slice(&sums_of_squares::<2>(rows, n)),
+                _ => sums[..1].copy_from_slice(&sums_of_squares::<1>(rows, n)),
             }
             for (row, sum) in rows.chunks_exact_mut(n).zip(sums) {
                 let m = (sum / n as f32 + self.eps).sqrt();
@@ -71,12 +66,12 @@ impl RmsNorm {
                 }
             }
         };
-        let group = NORM_ROWS * n;
-        if v.len() <= 4 * group {
-            v.chunks_mut(group).for_each(norm_rows);
+        // Over the pool past 32 rows, as candle does.
+        if v.len() <= 32 * n {
+            v.chunks_mut(4 * n).for_each(norm_rows);
         } else {
             use rayon::prelude::*;
-            v.par_chunks_mut(group).for_each(norm_rows);
+            v.par_chunks_mut(4 * n).for_each(norm_rows);
         }
         Ok(Tensor::from_vec(v, x.shape(), x.device())?)
     }
