@@ -292,7 +292,9 @@ impl Attention {
     /// `steps[i]`), to which its keys and values are appended.
     pub fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let (q_all, k_all, v_all) = (self.q_proj.forward(x)?, self.k_proj.forward(x)?, self.v_proj.forward(x)?);
+        let [q_all, k_all, v_all]: [Tensor; 3] = Linear::forward_shared(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
+            .try_into()
+            .expect("three products");
         let mut outs = Vec::with_capacity(steps.len());
         let mut offset = 0;
         for (step, cache) in steps.iter().zip(caches.iter_mut()) {
@@ -878,6 +880,11 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.act == Activation::Silu {
+            if let Some(hidden) = Linear::silu_gated(&self.gate, &self.up, x)? {
+                return self.down.forward(&hidden);
+            }
+        }
         let (gate, up) = (self.gate.forward(x)?, self.up.forward(x)?);
         let hidden = match self.act {
             Activation::Silu if gate.dtype() == DType::F32 && up.dtype() == DType::F32 => silu_mul(&gate, &up)?,

@@ -109,6 +109,11 @@ pub trait QuantKernel: Send + Sync {
     /// The first `n` outputs of the product with `x` (`[m, k]` row-major) → `[m, min(n, out)]`, reading only
     /// those weight rows; each is the same as in the full product.
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32>;
+    /// This kernel as a [`BlockMatrix`], for the products that share activations ([`matmul_shared`],
+    /// [`matmul_silu_gated`]).
+    fn as_block_matrix(&self) -> Option<&BlockMatrix> {
+        None
+    }
 }
 
 impl QuantKernel for BlockMatrix {
@@ -126,6 +131,91 @@ impl QuantKernel for BlockMatrix {
             #[cfg(not(target_arch = "x86_64"))]
             Layout::Interleaved => unreachable!("the interleaved layout is only built where AVX-512 was detected"),
         }
+    }
+
+    fn as_block_matrix(&self) -> Option<&BlockMatrix> {
+        Some(self)
+    }
+}
+
+/// `kernels` as interleaved [`BlockMatrix`]es of one type and input width `k`, or `None`.
+fn interleaved_alike<'a>(kernels: &[&'a dyn QuantKernel], k: usize) -> Option<Vec<&'a BlockMatrix>> {
+    let mats: Vec<&BlockMatrix> = kernels.iter().map(|q| q.as_block_matrix()).collect::<Option<_>>()?;
+    let first = mats.first()?;
+    let alike = |b: &&BlockMatrix| b.layout == Layout::Interleaved && b.kind == first.kind && b.k == k;
+    mats.iter().all(alike).then_some(mats)
+}
+
+/// The products of the same activations `x` (`[m, k]`) with several weights, such as a layer's q, k and v
+/// projections: where all are interleaved [`BlockMatrix`]es of one type, `x` is quantized once and the groups of
+/// all of them share one parallel region (one hand-off instead of one per weight). Each result (`[m, n_i]`) is
+/// bit for bit that weight's own product. `None` where the weights are not alike.
+pub fn matmul_shared(kernels: &[&dyn QuantKernel], x: &[f32], m: usize, k: usize) -> Option<Vec<Vec<f32>>> {
+    let mats = interleaved_alike(kernels, k)?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (kind, nb) = (mats[0].kind, k / QK);
+        let act = Q8Rows::quantize(x, m, k, kind.offset());
+        let group_bytes = nb * GROUP * kind.block_bytes();
+        let parts: Vec<(&[u8], usize)> = mats.iter().map(|b| (b.data.as_slice(), b.n)).collect();
+        Some(over_groups_of(&parts, group_bytes, m, |w, r0, rows, at, stride| {
+            // SAFETY: as in `matmul_interleaved`: every weight is interleaved, of `kind`, `nb` blocks wide.
+            unsafe { avx512::tile_fn(kind, rows)(w, nb, &act, r0, at, stride) }
+        }))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mats, x, m);
+        None
+    }
+}
+
+/// `silu(x·gateᵀ) · (x·upᵀ)` (`[m, n]`), a gated MLP's hidden activations, in one pass where both weights are
+/// interleaved [`BlockMatrix`]es of one type: `x` quantized once, and each group's SiLU product taken as its two
+/// tiles come out, while they are in cache, instead of over two whole outputs afterwards. The same bits as the
+/// two products followed by [`super::silu::silu_mul`]. `None` where the weights are not alike.
+pub fn matmul_silu_gated(gate: &dyn QuantKernel, up: &dyn QuantKernel, x: &[f32], m: usize, k: usize) -> Option<Vec<f32>> {
+    let mats = interleaved_alike(&[gate, up], k)?;
+    let (gate, up) = (mats[0], mats[1]);
+    if gate.n != up.n || gate.n % GROUP != 0 {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (kind, nb, n) = (gate.kind, k / QK, gate.n);
+        let act = Q8Rows::quantize(x, m, k, kind.offset());
+        let group_bytes = nb * GROUP * kind.block_bytes();
+        let mut out = vec![0f32; m * n];
+        let dst = SharedOut::new(&mut out);
+        for_each_chunk(n / GROUP, |range| {
+            let mut gated = [0f32; GROUP_TILE * GROUP];
+            for g in range {
+                let (gate_w, up_w) = (&gate.data[g * group_bytes..][..group_bytes], &up.data[g * group_bytes..][..group_bytes]);
+                for r0 in (0..m).step_by(GROUP_TILE) {
+                    let rows = GROUP_TILE.min(m - r0);
+                    // SAFETY: both weights are interleaved, of `kind`, `nb` blocks wide; this task alone writes
+                    // group g's 16 columns of `out` (`[m, n]`), and `gated` holds `rows` rows of 16.
+                    let at = unsafe {
+                        let tile = avx512::tile_fn(kind, rows);
+                        tile(gate_w, nb, &act, r0, gated.as_mut_ptr(), GROUP);
+                        let at = dst.ptr(r0 * n + g * GROUP, (rows - 1) * n + GROUP);
+                        tile(up_w, nb, &act, r0, at, n);
+                        at
+                    };
+                    for r in 0..rows {
+                        // SAFETY: row r0 + r's 16 columns of group g, written by this task only.
+                        let u = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), GROUP) };
+                        super::silu::silu_mul_here(&gated[r * GROUP..][..GROUP], u);
+                    }
+                }
+            }
+        });
+        Some(out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (gate, up, x, m);
+        None
     }
 }
 
@@ -239,25 +329,43 @@ pub(super) fn over_groups(
     n: usize,
     tile: impl Fn(&[u8], usize, usize, *mut f32, usize) + Sync,
 ) -> Vec<f32> {
-    let groups = n.div_ceil(GROUP);
-    let padded = groups * GROUP;
-    let mut out = vec![0f32; m * padded];
-    let dst = SharedOut::new(&mut out);
-    for_each_chunk(groups, |range| {
-        for g in range {
-            let w = &data[g * group_bytes..(g + 1) * group_bytes];
+    over_groups_of(&[(data, n)], group_bytes, m, tile).pop().expect("one product")
+}
+
+/// [`over_groups`] for several interleaved matrices (`parts`: data and rows `n`, groups of `group_bytes`)
+/// with the same activations, all their groups in one parallel region → one `[m, n]` per matrix.
+fn over_groups_of(
+    parts: &[(&[u8], usize)],
+    group_bytes: usize,
+    m: usize,
+    tile: impl Fn(&[u8], usize, usize, *mut f32, usize) + Sync,
+) -> Vec<Vec<f32>> {
+    let groups: Vec<usize> = parts.iter().map(|&(_, n)| n.div_ceil(GROUP)).collect();
+    let mut outs: Vec<Vec<f32>> = groups.iter().map(|g| vec![0f32; m * g * GROUP]).collect();
+    let dsts: Vec<SharedOut> = outs.iter_mut().map(|o| SharedOut::new(o)).collect();
+    // Task i is group `i − starts[p]` of part p, for the last p with `starts[p] ≤ i`.
+    let starts: Vec<usize> = groups.iter().scan(0, |s, g| Some(std::mem::replace(s, *s + g))).collect();
+    for_each_chunk(groups.iter().sum(), |range| {
+        for i in range {
+            let p = starts.partition_point(|&s| s <= i) - 1;
+            let (g, padded) = (i - starts[p], groups[p] * GROUP);
+            let w = &parts[p].0[g * group_bytes..(g + 1) * group_bytes];
             for r0 in (0..m).step_by(GROUP_TILE) {
                 let rows = GROUP_TILE.min(m - r0);
-                // SAFETY: this group's 16 columns of `out` (`[m, padded]`) are written by this task only.
-                let at = unsafe { dst.ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
+                // SAFETY: this group's 16 columns of part p's output (`[m, padded]`) are written by this task only.
+                let at = unsafe { dsts[p].ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
                 tile(w, r0, rows, at, padded);
             }
         }
     });
-    if padded != n {
-        out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
+    drop(dsts);
+    for (out, &(_, n)) in outs.iter_mut().zip(parts) {
+        let padded = n.div_ceil(GROUP) * GROUP;
+        if padded != n {
+            *out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
+        }
     }
-    out
+    outs
 }
 
 /// Activation rows that share one unpacking of each weight block: in the row layout (16 AVX2 registers)
@@ -794,6 +902,55 @@ pub(super) mod tests {
             let x = input(m, k);
             let y = bm.matmul(&x, m);
             assert_matches_candle(q, &x, m, &y, &format!("{kind:?} {layout:?}"));
+        }
+    }
+
+    /// Products sharing one quantization of their activations give each product's own bits, for every type,
+    /// row count and a row count that is not a multiple of 16; weights that differ in type are refused.
+    #[test]
+    fn shared_products_match_their_own() {
+        if Simd::detect() != Simd::Avx512 {
+            return;
+        }
+        let k = 96;
+        for kind in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0] {
+            let mats: Vec<BlockMatrix> = [48, 70, 16]
+                .iter()
+                .map(|&n| BlockMatrix::with_layout(&weights(kind, n, k), Layout::Interleaved).unwrap().unwrap())
+                .collect();
+            let kernels: Vec<&dyn QuantKernel> = mats.iter().map(|b| b as &dyn QuantKernel).collect();
+            for m in [1, 3, 8, 11] {
+                let x = input(m, k);
+                let shared = matmul_shared(&kernels, &x, m, k).unwrap();
+                for (b, y) in mats.iter().zip(&shared) {
+                    assert_eq!(y, &b.matmul(&x, m), "{kind:?} {m} rows, {} outputs", b.n);
+                }
+            }
+        }
+        let other = BlockMatrix::with_layout(&weights(GgmlDType::Q8_0, 16, k), Layout::Interleaved).unwrap().unwrap();
+        let q4 = BlockMatrix::with_layout(&weights(GgmlDType::Q4_1, 16, k), Layout::Interleaved).unwrap().unwrap();
+        assert!(matmul_shared(&[&q4, &other], &input(1, k), 1, k).is_none());
+        assert!(matmul_silu_gated(&q4, &other, &input(1, k), 1, k).is_none());
+    }
+
+    /// The gated product gives the bits of the gate and up products followed by `silu_mul`.
+    #[test]
+    fn silu_gated_matches_products_then_silu() {
+        if Simd::detect() != Simd::Avx512 {
+            return;
+        }
+        let (n, k) = (64, 128);
+        for kind in [GgmlDType::Q4_1, GgmlDType::Q5_0] {
+            let gate = BlockMatrix::with_layout(&weights(kind, n, k), Layout::Interleaved).unwrap().unwrap();
+            let up_values: Vec<f32> = input(n, k).iter().map(|v| v * 3.0).collect();
+            let up_q = QTensor::quantize(&Tensor::from_vec(up_values, (n, k), &Device::Cpu).unwrap(), kind).unwrap();
+            let up = BlockMatrix::with_layout(&up_q, Layout::Interleaved).unwrap().unwrap();
+            for m in [1, 5, 8, 13] {
+                let x = input(m, k);
+                let mut expected = up.matmul(&x, m);
+                crate::model::silu::silu_mul(&gate.matmul(&x, m), &mut expected);
+                assert_eq!(matmul_silu_gated(&gate, &up, &x, m, k).unwrap(), expected, "{kind:?} {m} rows");
+            }
         }
     }
 

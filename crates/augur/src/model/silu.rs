@@ -22,7 +22,7 @@ pub fn silu_mul(gate: &[f32], up: &mut [f32]) {
 }
 
 /// [`silu_mul`] on the calling thread.
-fn silu_mul_here(gate: &[f32], up: &mut [f32]) {
+pub(super) fn silu_mul_here(gate: &[f32], up: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx512::available() {
         // SAFETY: the features were detected.

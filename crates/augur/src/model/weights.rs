@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::Architecture;
 #[cfg(target_arch = "x86_64")]
 use super::kquants::SuperBlockMatrix;
-use super::qkernels::{BlockMatrix, QuantKernel, RowReader};
+use super::qkernels::{matmul_shared, matmul_silu_gated, BlockMatrix, QuantKernel, RowReader};
 use crate::error::{Error, Result};
 
 enum Source {
@@ -127,11 +127,66 @@ impl Linear {
             LinearWeight::Candle(w) => w.forward(x)?,
         };
         let out = y.dim(candle_core::D::Minus1)?;
-        let (y, n) = if n < out { (y.narrow(candle_core::D::Minus1, 0, n)?, n) } else { (y, out) };
+        let y = if n < out { y.narrow(candle_core::D::Minus1, 0, n)? } else { y };
+        self.add_bias(y)
+    }
+
+    /// `y` (`[.., n]`, the first `n` outputs) plus the first `n` values of the bias, if any.
+    fn add_bias(&self, y: Tensor) -> Result<Tensor> {
         Ok(match &self.bias {
-            Some(b) => y.broadcast_add(&b.narrow(0, 0, n)?)?,
+            Some(b) => y.broadcast_add(&b.narrow(0, 0, y.dim(candle_core::D::Minus1)?)?)?,
             None => y,
         })
+    }
+
+    /// Our kernels of `linears`, if all of them have one.
+    fn own_kernels<'a>(linears: &[&'a Linear]) -> Option<Vec<&'a dyn QuantKernel>> {
+        linears
+            .iter()
+            .map(|l| match &l.weight {
+                LinearWeight::Own(b) => Some(b.as_ref()),
+                LinearWeight::Candle(_) => None,
+            })
+            .collect()
+    }
+
+    /// [`Self::forward`] of each of `linears` on the same `x` (`[.., in]`), such as a layer's q, k and v: one
+    /// quantization of `x` and one parallel region for all where our kernels allow ([`matmul_shared`]), else
+    /// one product after another; the same results either way.
+    pub fn forward_shared(linears: &[&Linear], x: &Tensor) -> Result<Vec<Tensor>> {
+        let in_dim = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / in_dim;
+        if let Some(kernels) = Self::own_kernels(linears) {
+            if let Some(ys) = matmul_shared(&kernels, &x.flatten_all()?.to_vec1::<f32>()?, rows, in_dim) {
+                return ys
+                    .into_iter()
+                    .zip(linears)
+                    .map(|(y, l)| {
+                        let mut shape = x.dims().to_vec();
+                        *shape.last_mut().expect("rank >= 1") = y.len() / rows;
+                        l.add_bias(Tensor::from_vec(y, shape, x.device())?)
+                    })
+                    .collect();
+            }
+        }
+        linears.iter().map(|l| l.forward(x)).collect()
+    }
+
+    /// `silu(gate(x)) · up(x)` in one pass ([`matmul_silu_gated`]) where our kernels allow and neither has a
+    /// bias; `None` otherwise, for the caller to take the two products.
+    pub fn silu_gated(gate: &Linear, up: &Linear, x: &Tensor) -> Result<Option<Tensor>> {
+        if gate.bias.is_some() || up.bias.is_some() || x.dtype() != DType::F32 {
+            return Ok(None);
+        }
+        let Some(kernels) = Self::own_kernels(&[gate, up]) else { return Ok(None) };
+        let in_dim = x.dim(candle_core::D::Minus1)?;
+        let rows = x.elem_count() / in_dim;
+        let Some(y) = matmul_silu_gated(kernels[0], kernels[1], &x.flatten_all()?.to_vec1::<f32>()?, rows, in_dim) else {
+            return Ok(None);
+        };
+        let mut shape = x.dims().to_vec();
+        *shape.last_mut().expect("rank >= 1") = y.len() / rows;
+        Ok(Some(Tensor::from_vec(y, shape, x.device())?))
     }
 }
 
