@@ -486,9 +486,9 @@ impl AttendJob<'_> {
     }
 
     /// [`Self::unit_avx2`] with 512-bit registers, each key and value row loaded once for two query heads
-    /// (scores of eight keys for two heads in 16 registers, reduced together by [`sum16`]; two heads' outputs
-    /// accumulated over each value row), over blocks of [`BLOCK`] rows that stay in L1 while every head of the
-    /// group reads them. Qwen2.5-1.5B's attention at 768 cached positions, one thread: 230–370 µs per layer
+    /// (scores of eight keys for two heads in 16 registers, reduced together by [`super::simd::fold16`]; two
+    /// heads' outputs accumulated over each value row), over blocks of [`BLOCK`] rows that stay in L1 while
+    /// every head of the group reads them. Qwen2.5-1.5B's attention at 768 cached positions, one thread: 230–370 µs per layer
     /// and query with the AVX2 unit (it re-read the keys from L2 for each head, and its softmax summed in one
     /// serial chain), 80–120 µs with this one; an 8-token verification forward there fell from 124 to 110 ms.
     #[cfg(target_arch = "x86_64")]
@@ -682,7 +682,7 @@ impl AttendJob<'_> {
 
 /// Scores of one or two query heads (`a`, and `b` when `PAIR`: query and score pointers) against `keys` (rows
 /// `stride` apart from `k0`), each key row loaded once for both: eight keys at a time into 16 registers
-/// reduced by [`sum16`], then the remaining keys one by one.
+/// reduced by [`super::simd::fold16`], then the remaining keys one by one.
 ///
 /// # Safety
 /// AVX-512 F; `k0` holds the keys' rows of `d` (a multiple of 16) values, the queries `d` values, the scores
@@ -697,6 +697,7 @@ unsafe fn score_heads<const PAIR: bool>(
     (qa, sa): (*const f32, *mut f32),
     (qb, sb): (*const f32, *mut f32),
 ) {
+    use super::simd::{fold16, FOLD16_SLOT};
     use std::arch::x86_64::*;
     let full = keys.start + (keys.end - keys.start) / 8 * 8;
     for j0 in (keys.start..full).step_by(8) {
@@ -705,14 +706,14 @@ unsafe fn score_heads<const PAIR: bool>(
             let (xa, xb) = (_mm512_loadu_ps(qa.add(c)), _mm512_loadu_ps(qb.add(c)));
             for u in 0..8 {
                 let key = _mm512_loadu_ps(k0.add((j0 + u) * stride + c));
-                acc[SUM16_SLOT[u]] = _mm512_fmadd_ps(xa, key, acc[SUM16_SLOT[u]]);
+                acc[FOLD16_SLOT[u]] = _mm512_fmadd_ps(xa, key, acc[FOLD16_SLOT[u]]);
                 if PAIR {
-                    acc[SUM16_SLOT[8 + u]] = _mm512_fmadd_ps(xb, key, acc[SUM16_SLOT[8 + u]]);
+                    acc[FOLD16_SLOT[8 + u]] = _mm512_fmadd_ps(xb, key, acc[FOLD16_SLOT[8 + u]]);
                 }
             }
         }
         let mut sums = [0f32; 16];
-        _mm512_storeu_ps(sums.as_mut_ptr(), sum16(&acc));
+        _mm512_storeu_ps(sums.as_mut_ptr(), fold16::<false>(&acc));
         std::ptr::copy_nonoverlapping(sums.as_ptr(), sa.add(j0), 8);
         if PAIR {
             std::ptr::copy_nonoverlapping(sums.as_ptr().add(8), sb.add(j0), 8);
@@ -775,34 +776,6 @@ unsafe fn value_heads<const PAIR: bool, const L: usize>(
 
 /// Keys (and values) per block of the AVX-512 attention: 64 rows of 128 floats are 32 KB, within L1.
 const BLOCK: usize = 64;
-
-/// Where [`sum16`] wants the partial sums of its `u`-th result: it adds in a tree whose natural output order is
-/// this transpose of 4 × 4.
-const SUM16_SLOT: [usize; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
-
-/// Lane `u` of the result is the sum of the 16 lanes of `a[SUM16_SLOT[u]]`: four rounds of shuffles and adds
-/// (16 → 8 → 4 → 2 → 1 registers) instead of 16 separate horizontal reductions.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn sum16(a: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    // Each 256-bit half of v[m] holds 8 partials of a[2m] and of a[2m + 1].
-    let v: [__m512; 8] = std::array::from_fn(|m| {
-        let (x, y) = (a[2 * m], a[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y))
-    });
-    // Each 128-bit lane L of w[m] holds 4 partials of a[4m + L].
-    let w: [__m512; 4] = std::array::from_fn(|m| {
-        let (x, y) = (v[2 * m], v[2 * m + 1]);
-        _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
-    });
-    let z: [__m512; 2] = std::array::from_fn(|p| {
-        let (x, y) = (w[2 * p], w[2 * p + 1]);
-        _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
-    });
-    _mm512_add_ps(_mm512_shuffle_ps::<0x44>(z[0], z[1]), _mm512_shuffle_ps::<0xEE>(z[0], z[1]))
-}
 
 /// `f` folded over `x` in 16 interleaved lanes, then over the lanes in order: a fixed order that vectorizes (a
 /// plain fold is a serial chain: over 768 scores the sum alone took a quarter of a long-context attention).
@@ -1437,27 +1410,6 @@ mod tests {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn sum16_sums_each_register_into_its_lane() {
-        use std::arch::x86_64::*;
-        if !is_x86_feature_detected!("avx512f") {
-            return;
-        }
-        let vals: Vec<[f32; 16]> = (0..16).map(|r| std::array::from_fn(|l| (r * 16 + l) as f32 * 0.5 + 1.0)).collect();
-        // SAFETY: AVX-512 F was detected.
-        let got = unsafe {
-            let mut a = [_mm512_setzero_ps(); 16];
-            for (u, slot) in SUM16_SLOT.iter().enumerate() {
-                a[*slot] = _mm512_loadu_ps(vals[u].as_ptr());
-            }
-            let mut out = [0f32; 16];
-            _mm512_storeu_ps(out.as_mut_ptr(), sum16(&a));
-            out
-        };
-        for (u, v) in vals.iter().enumerate() {
-            assert_eq!(got[u], v.iter().sum::<f32>(), "lane {u}");
-        }
-    }
 
     /// A block of queries gets, row for row, the bits each query gets alone; and the vectorized unit agrees
     /// with the portable one (head sizes with and without a vector tail, each width of the value loop, key

@@ -25,6 +25,8 @@ mod qkernels;
 mod qwen2;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod silu;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 pub mod weights;
 
 use std::path::Path;

@@ -466,22 +466,35 @@ struct Q8Rows {
 impl Q8Rows {
     fn quantize(x: &[f32], m: usize, k: usize, offset: i32) -> Self {
         let blocks = m * (k / QK);
-        let mut rows = Q8Rows {
-            qs: vec![0; m * k],
-            d: Vec::with_capacity(blocks),
-            correction: Vec::with_capacity(blocks),
-            s: Vec::with_capacity(blocks),
-        };
-        // `Interleaved` is only built where AVX-512 was detected.
-        for (src, dst) in x.chunks_exact(QK).zip(rows.qs.chunks_exact_mut(QK)) {
-            // SAFETY: AVX-512 F and F16C were detected (see above); both slices hold one block.
+        let mut rows = Q8Rows { qs: vec![0; m * k], d: vec![0.0; blocks], correction: vec![0; blocks], s: vec![0.0; blocks] };
+        // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time.
+        let batched = blocks / 16 * 16;
+        #[cfg(target_arch = "x86_64")]
+        for b in (0..batched).step_by(16) {
+            // SAFETY: `Interleaved` is only built where AVX-512 (F, BW) and F16C were detected; 16 blocks from b.
+            unsafe {
+                avx512::quantize_16_blocks(
+                    &x[b * QK..][..16 * QK],
+                    &mut rows.qs[b * QK..][..16 * QK],
+                    &mut rows.d[b..][..16],
+                    &mut rows.s[b..][..16],
+                    &mut rows.correction[b..][..16],
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let batched = 0;
+        for b in batched..blocks {
+            let (src, dst) = (&x[b * QK..][..QK], &mut rows.qs[b * QK..][..QK]);
+            // SAFETY: as above; both slices hold one block.
             #[cfg(target_arch = "x86_64")]
             let (d, s, isum) = unsafe { avx512::quantize_block(src, dst) };
             #[cfg(not(target_arch = "x86_64"))]
             let (d, s, isum) = quantize_block_scalar(src, dst);
-            rows.d.push(d);
-            rows.correction.push(offset * isum);
-            rows.s.push(s);
+            (rows.d[b], rows.s[b], rows.correction[b]) = (d, s, isum);
+        }
+        if offset != 0 {
+            rows.correction.iter_mut().for_each(|c| *c *= offset);
         }
         rows
     }
@@ -738,6 +751,43 @@ mod avx512 {
         (f16_round(d), f16_round(d * isum as f32), isum)
     }
 
+    /// [`quantize_block`] on 16 consecutive blocks (`x`: 512 values) at once: the same operations per element,
+    /// so the same bits, with each step that is scalar per block (the maximum and the sum over a block, the
+    /// scale and its inverse, the rounding through f16) done for the 16 blocks in one register. Writes the
+    /// integers to `qs`, and per block the scale, `d · Σq` and `Σq`. Eight rows of 576 took 2.1 µs one block
+    /// at a time, 1.1 µs so (on SmolLM2, 0.7 ms of an 8-token forward went to quantizing activations).
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub unsafe fn quantize_16_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
+        use crate::model::simd::{fold16, FOLD16_SLOT};
+        assert!(x.len() == 16 * QK && qs.len() == 16 * QK && d.len() == 16 && s.len() == 16 && isum.len() == 16);
+        let x = x.as_ptr();
+        let half = |b: usize, h: usize| _mm512_loadu_ps(x.add(b * QK + 16 * h));
+        let mut a = [_mm512_setzero_ps(); 16];
+        for (b, slot) in FOLD16_SLOT.iter().enumerate() {
+            a[*slot] = _mm512_max_ps(_mm512_abs_ps(half(b, 0)), _mm512_abs_ps(half(b, 1)));
+        }
+        let amax = fold16::<true>(&a);
+        let dv = _mm512_div_ps(amax, _mm512_set1_ps(127.0));
+        let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_OQ>(dv, _mm512_setzero_ps());
+        let mut ids = [0f32; 16];
+        _mm512_storeu_ps(ids.as_mut_ptr(), _mm512_maskz_div_ps(nonzero, _mm512_set1_ps(1.0), dv));
+        let round = _mm512_set1_ps(super::ROUND);
+        for (b, slot) in FOLD16_SLOT.iter().enumerate() {
+            let id = _mm512_set1_ps(ids[b]);
+            let to_int = |v: __m512| _mm512_cvtps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), round), round));
+            let (ql, qh) = (to_int(half(b, 0)), to_int(half(b, 1)));
+            _mm_storeu_si128(qs.as_mut_ptr().add(b * QK) as *mut __m128i, _mm512_cvtepi32_epi8(ql));
+            _mm_storeu_si128(qs.as_mut_ptr().add(b * QK + 16) as *mut __m128i, _mm512_cvtepi32_epi8(qh));
+            // Sums of at most 32 · 127 in magnitude: exact in f32 whatever the order.
+            a[*slot] = _mm512_cvtepi32_ps(_mm512_add_epi32(ql, qh));
+        }
+        let sums = fold16::<false>(&a);
+        let f16_round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+        _mm512_storeu_ps(d.as_mut_ptr(), f16_round(dv));
+        _mm512_storeu_ps(s.as_mut_ptr(), f16_round(_mm512_mul_ps(dv, sums)));
+        _mm512_storeu_si512(isum.as_mut_ptr() as *mut _, _mm512_cvtps_epi32(sums));
+    }
+
     /// `R` activation rows (from `r0`) against one interleaved group of 16 weight rows (`w`: `nb` group-blocks):
     /// writes `out[r · stride .. r · stride + 16]` for each. Per row and block: 8 `vpdpbusd` give the 16 integer
     /// dot products, the held-integer offset is subtracted exactly, and one FMA scales them into the sums; the
@@ -888,6 +938,17 @@ pub(super) mod tests {
             // SAFETY: AVX-512 was detected.
             let simd = unsafe { avx512::quantize_block(&x, &mut b) };
             assert_eq!((scalar, a), (simd, b), "block {x:?}");
+        }
+        // Sixteen blocks at a time (three batches and two single blocks), the special blocks among them.
+        let mut values = input(2, 25 * QK);
+        values.iter_mut().enumerate().for_each(|(i, v)| *v *= (i / QK) as f32 * 0.37 - 8.0);
+        values[5 * QK..6 * QK].fill(0.0);
+        values[20 * QK..21 * QK].iter_mut().enumerate().for_each(|(i, v)| *v = i as f32 - 15.5);
+        let q = Q8Rows::quantize(&values, 2, 25 * QK, 3);
+        for (b, x) in values.chunks_exact(QK).enumerate() {
+            let mut a = [0i8; QK];
+            let (d, s, isum) = quantize_block_scalar(x, &mut a);
+            assert_eq!((d, s, 3 * isum, &a[..]), (q.d[b], q.s[b], q.correction[b], &q.qs[b * QK..][..QK]), "block {b}");
         }
     }
 
