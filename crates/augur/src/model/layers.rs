@@ -527,36 +527,49 @@ impl AttendJob<'_> {
         let (sp, op) = (scores.as_ptr(), o.as_mut_ptr());
         for j0 in (0..n).step_by(BLOCK) {
             let values = j0..(j0 + BLOCK).min(n);
-            let mut i = 0;
-            while i < g {
-                let pa = (sp.add(i * n), op.add(i * dv));
-                let pair = i + 1 < g;
-                let pb = if pair { (sp.add((i + 1) * n), op.add((i + 1) * dv)) } else { pa };
-                let mut c0 = 0;
-                while c0 < dv {
-                    // 128 dimensions in eight registers per head while they last, then 64, 32, 16: each register
-                    // is one chain of dependent FMAs (one per value row), so a head of 64 in one register at a
-                    // time waited on the FMA latency (SmolLM2's attention took 30–45% longer).
+            let mut c0 = 0;
+            while c0 < dv {
+                // 128 dimensions in eight registers per head while they last, then 64, 32, 16: each register
+                // is one chain of dependent FMAs (one per value row), so a head of 64 in one register at a
+                // time waited on the FMA latency (SmolLM2's attention took 30–45% longer).
+                let lanes = match dv - c0 {
+                    128.. => 8,
+                    64.. => 4,
+                    32.. => 2,
+                    _ => 1,
+                };
+                // Up to four heads per pass over the block's value rows (three at eight registers each), so
+                // that a group of three is one pass of twelve chains, not a pair and a latency-bound single.
+                let mut i = 0;
+                while i < g {
+                    let heads = (g - i).min(if lanes == 8 { 3 } else { 4 });
+                    let at = |u: usize| (sp.add((i + u) * n), op.add((i + u) * dv));
                     let r = values.clone();
-                    let lanes = match dv - c0 {
-                        128.. => 8,
-                        64.. => 4,
-                        32.. => 2,
-                        _ => 1,
-                    };
-                    match (pair, lanes) {
-                        (true, 8) => value_heads::<true, 8>(v0, stride, r, pa, pb, c0),
-                        (false, 8) => value_heads::<false, 8>(v0, stride, r, pa, pb, c0),
-                        (true, 4) => value_heads::<true, 4>(v0, stride, r, pa, pb, c0),
-                        (false, 4) => value_heads::<false, 4>(v0, stride, r, pa, pb, c0),
-                        (true, 2) => value_heads::<true, 2>(v0, stride, r, pa, pb, c0),
-                        (false, 2) => value_heads::<false, 2>(v0, stride, r, pa, pb, c0),
-                        (true, _) => value_heads::<true, 1>(v0, stride, r, pa, pb, c0),
-                        (false, _) => value_heads::<false, 1>(v0, stride, r, pa, pb, c0),
+                    macro_rules! pass {
+                        ($h:literal, $l:literal) => {
+                            value_heads::<$h, $l>(v0, stride, r, std::array::from_fn(at), c0)
+                        };
                     }
-                    c0 += 16 * lanes;
+                    match (heads, lanes) {
+                        (1, 8) => pass!(1, 8),
+                        (2, 8) => pass!(2, 8),
+                        (_, 8) => pass!(3, 8),
+                        (1, 4) => pass!(1, 4),
+                        (2, 4) => pass!(2, 4),
+                        (3, 4) => pass!(3, 4),
+                        (_, 4) => pass!(4, 4),
+                        (1, 2) => pass!(1, 2),
+                        (2, 2) => pass!(2, 2),
+                        (3, 2) => pass!(3, 2),
+                        (_, 2) => pass!(4, 2),
+                        (1, _) => pass!(1, 1),
+                        (2, _) => pass!(2, 1),
+                        (3, _) => pass!(3, 1),
+                        (_, _) => pass!(4, 1),
+                    }
+                    i += heads;
                 }
-                i += 2;
+                c0 += 16 * lanes;
             }
         }
     }
@@ -736,40 +749,37 @@ unsafe fn score_heads<const PAIR: bool>(
     }
 }
 
-/// `out[c0 .. c0 + 16L] += Σ_j p[j] · value_j[c0 .. c0 + 16L]` over `values` for one or two heads (`a`, and `b`
-/// when `PAIR`: probabilities and output pointers), in key order, each value row loaded once for both.
+/// `out[c0 .. c0 + 16L] += Σ_j p[j] · value_j[c0 .. c0 + 16L]` over `values` for `H` heads (`heads`: each
+/// one's probabilities and output), in key order, each value row loaded once for all of them.
 ///
 /// # Safety
-/// AVX-512 F; `v0` holds the value rows, `stride` apart, with `c0 + 16L` values each; `p` holds `values.end`
-/// probabilities and `out` `c0 + 16L` values.
+/// AVX-512 F; `v0` holds the value rows, `stride` apart, with `c0 + 16L` values each; each head's
+/// probabilities hold `values.end` values and its output `c0 + 16L`; the outputs do not overlap.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn value_heads<const PAIR: bool, const L: usize>(
+unsafe fn value_heads<const H: usize, const L: usize>(
     v0: *const f32,
     stride: usize,
     values: std::ops::Range<usize>,
-    (pa, oa): (*const f32, *mut f32),
-    (pb, ob): (*const f32, *mut f32),
+    heads: [(*const f32, *mut f32); H],
     c0: usize,
 ) {
     use std::arch::x86_64::*;
-    let mut a: [__m512; L] = std::array::from_fn(|u| _mm512_loadu_ps(oa.add(c0 + 16 * u)));
-    let mut b: [__m512; L] = std::array::from_fn(|u| if PAIR { _mm512_loadu_ps(ob.add(c0 + 16 * u)) } else { a[u] });
+    let mut acc: [[__m512; L]; H] =
+        std::array::from_fn(|h| std::array::from_fn(|u| _mm512_loadu_ps(heads[h].1.add(c0 + 16 * u))));
     for j in values {
-        let (wa, wb) = (_mm512_set1_ps(*pa.add(j)), _mm512_set1_ps(*pb.add(j)));
+        let w: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(*heads[h].0.add(j)));
         let v = v0.add(j * stride + c0);
         for u in 0..L {
             let x = _mm512_loadu_ps(v.add(16 * u));
-            a[u] = _mm512_fmadd_ps(wa, x, a[u]);
-            if PAIR {
-                b[u] = _mm512_fmadd_ps(wb, x, b[u]);
+            for h in 0..H {
+                acc[h][u] = _mm512_fmadd_ps(w[h], x, acc[h][u]);
             }
         }
     }
-    for u in 0..L {
-        _mm512_storeu_ps(oa.add(c0 + 16 * u), a[u]);
-        if PAIR {
-            _mm512_storeu_ps(ob.add(c0 + 16 * u), b[u]);
+    for h in 0..H {
+        for u in 0..L {
+            _mm512_storeu_ps(heads[h].1.add(c0 + 16 * u), acc[h][u]);
         }
     }
 }
