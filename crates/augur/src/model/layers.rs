@@ -404,15 +404,20 @@ pub fn attend(
     let mut out = vec![0f32; t * h * dv];
     let dst = super::parallel::SharedOut::new(&mut out);
     let job = AttendJob { cache, q, shape, t, scale, softcap, simd: AttendSimd::detect() };
-    // One unit per (query row, key/value head): the group's query heads read each key and value once.
-    let (units, g) = (t * n_kv_heads, h / n_kv_heads);
+    // One unit per key/value head and run of query rows: the group's query heads and the run's rows read each
+    // block of keys and values once.
+    let (runs, g) = (row_runs(t, n_kv_heads, &visible), h / n_kv_heads);
+    let units = runs.len() * n_kv_heads;
     let run = |range: std::ops::Range<usize>| {
         let mut scores = Vec::new();
         for unit in range {
-            let (row, kvh) = (unit / n_kv_heads, unit % n_kv_heads);
-            // SAFETY: the group's heads are consecutive, so each unit owns its `g · dv` outputs of `row`.
-            let o = unsafe { dst.slice((row * h + kvh * g) * dv, g * dv) };
-            job.unit(row, kvh, visible(row), &mut scores, o);
+            let (rows, kvh) = (runs[unit / n_kv_heads].clone(), unit % n_kv_heads);
+            // SAFETY: the group's heads are consecutive, so each unit owns its `g · dv` outputs of each row.
+            let mut outs: [&mut [f32]; MAX_RUN] = Default::default();
+            for (o, row) in outs.iter_mut().zip(rows.clone()) {
+                *o = unsafe { dst.slice((row * h + kvh * g) * dv, g * dv) };
+            }
+            job.unit(rows, kvh, &visible, &mut scores, outs);
         }
     };
     // Below about 2^16 multiply-adds, waking the pool costs more than the work.
@@ -431,6 +436,27 @@ pub fn attend(
     }
     out
 }
+
+/// Consecutive query rows attended together ([`attend`]'s units): rows that see the same first position, as
+/// many as leave at least two units per thread over the key/value heads, and at most [`MAX_RUN`]. Eight rows of a
+/// verified block, each on its own, read all the keys and values eight times from L2 (at 512 cached positions,
+/// SmolLM2's 8-token forward spent 4.4 of its 12 ms in attention against 1.6 of 6 for one token).
+fn row_runs(t: usize, n_kv_heads: usize, visible: &impl Fn(usize) -> (usize, usize)) -> Vec<std::ops::Range<usize>> {
+    let per_head = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads.max(1));
+    let longest = (t / per_head).clamp(1, MAX_RUN);
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for row in 1..=t {
+        if row == t || row - start == longest || visible(row).0 != visible(start).0 {
+            runs.push(start..row);
+            start = row;
+        }
+    }
+    runs
+}
+
+/// The most query rows in one unit of [`attend`].
+const MAX_RUN: usize = 8;
 
 /// What every unit of one [`attend`] call shares.
 struct AttendJob<'a> {
@@ -467,66 +493,101 @@ impl AttendSimd {
 }
 
 impl AttendJob<'_> {
-    /// The `g` query heads of key/value head `kvh` at `row` over positions `first..end`, into `o`
-    /// (`[g, v_dim]`, zeroed). `scores` is scratch space.
-    fn unit(&self, row: usize, kvh: usize, (first, end): (usize, usize), scores: &mut Vec<f32>, o: &mut [f32]) {
+    /// The `g` query heads of key/value head `kvh` at each of `rows` over its positions `visible(row)` (the
+    /// same first position for all), into `outs` (one `[g, v_dim]` per row, zeroed, in the first `rows.len()`).
+    /// `scores` is scratch space.
+    fn unit(
+        &self,
+        rows: std::ops::Range<usize>,
+        kvh: usize,
+        visible: &impl Fn(usize) -> (usize, usize),
+        scores: &mut Vec<f32>,
+        mut outs: [&mut [f32]; MAX_RUN],
+    ) {
         #[cfg(target_arch = "x86_64")]
-        match self.simd {
-            AttendSimd::Avx512
-                if self.shape.qk_dim.is_multiple_of(16) && self.shape.v_dim.is_multiple_of(16) && end > first =>
-            {
-                // SAFETY: AVX-512 F was detected.
-                return unsafe { self.unit_avx512(row, kvh, first, end, scores, o) };
-            }
-            // SAFETY: AVX-512 F implies AVX2 and FMA; or they were detected.
-            AttendSimd::Avx512 | AttendSimd::Avx2 => return unsafe { self.unit_avx2(row, kvh, first, end, scores, o) },
-            AttendSimd::None => {}
+        if self.simd == AttendSimd::Avx512
+            && self.shape.qk_dim.is_multiple_of(16)
+            && self.shape.v_dim.is_multiple_of(16)
+            && rows.clone().all(|r| visible(r).1 > visible(r).0)
+        {
+            // SAFETY: AVX-512 F was detected.
+            return unsafe { self.unit_avx512(rows, kvh, visible, scores, &mut outs) };
         }
-        self.unit_portable(row, kvh, first, end, scores, o)
+        for (row, o) in rows.zip(outs) {
+            let (first, end) = visible(row);
+            #[cfg(target_arch = "x86_64")]
+            if self.simd != AttendSimd::None {
+                // SAFETY: AVX-512 F implies AVX2 and FMA; or they were detected.
+                unsafe { self.unit_avx2(row, kvh, first, end, scores, o) };
+                continue;
+            }
+            self.unit_portable(row, kvh, first, end, scores, o)
+        }
     }
 
     /// [`Self::unit_avx2`] with 512-bit registers, each key and value row loaded once for two query heads
     /// (scores of eight keys for two heads in 16 registers, reduced together by [`super::simd::fold16`]; two
     /// heads' outputs accumulated over each value row), over blocks of [`BLOCK`] rows that stay in L1 while
-    /// every head of the group reads them. Qwen2.5-1.5B's attention at 768 cached positions, one thread: 230–370 µs per layer
-    /// and query with the AVX2 unit (it re-read the keys from L2 for each head, and its softmax summed in one
-    /// serial chain), 80–120 µs with this one; an 8-token verification forward there fell from 124 to 110 ms.
+    /// every head of the group and every row of the unit reads them. Qwen2.5-1.5B's attention at 768 cached
+    /// positions, one thread: 230–370 µs per layer and query with the AVX2 unit (it re-read the keys from L2
+    /// for each head, and its softmax summed in one serial chain), 80–120 µs with this one; an 8-token
+    /// verification forward there fell from 124 to 110 ms.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
-    unsafe fn unit_avx512(&self, row: usize, kvh: usize, first: usize, end: usize, scores: &mut Vec<f32>, o: &mut [f32]) {
+    unsafe fn unit_avx512(
+        &self,
+        rows: std::ops::Range<usize>,
+        kvh: usize,
+        visible: &impl Fn(usize) -> (usize, usize),
+        scores: &mut Vec<f32>,
+        outs: &mut [&mut [f32]],
+    ) {
         let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = self.shape;
         let g = h / n_kv_heads;
-        let n = end - first;
+        let first = visible(rows.start).0;
+        // Per row of the unit: its visible keys (from `first`), and where its `[g, n]` scores start.
+        let (mut ns, mut bases) = ([0; MAX_RUN], [0; MAX_RUN]);
+        let mut total = 0;
+        for (ri, row) in rows.clone().enumerate() {
+            (ns[ri], bases[ri]) = (visible(row).1 - first, total);
+            total += g * ns[ri];
+        }
+        let outs = &mut outs[..rows.len()];
+        let n_max = ns.iter().copied().max().unwrap_or(0);
         scores.clear();
-        scores.resize(g * n, 0.0);
-        assert_eq!(o.len(), g * dv, "attention output of one unit");
-        // Rows `first..end` of this head's keys and values, `stride` apart (bounds checked here, once).
+        scores.resize(total, 0.0);
+        assert!(outs.iter().all(|o| o.len() == g * dv), "attention output of one unit");
+        // Rows `first..first + n_max` of this head's keys and values, `stride` apart (bounds checked here, once).
         let stride = self.cache.head_dim();
-        let (_, _) = (self.cache.key(kvh, end - 1), self.cache.value(kvh, end - 1));
+        let (_, _) = (self.cache.key(kvh, first + n_max - 1), self.cache.value(kvh, first + n_max - 1));
         let (k0, v0) = (self.cache.key(kvh, first).as_ptr(), self.cache.value(kvh, first).as_ptr());
-        let q_of = |head: usize| self.q[(head * self.t + row) * d..][..d].as_ptr();
-        // Blocks of keys (then of values) small enough for L1, each read from L2 once for all the query heads,
-        // two heads at a time (or the last one alone). Row by row the sums run in the same order as without
-        // the blocks: eight-key groups from `first`, and each output's value sum in key order.
+        let q_of = |row: usize, head: usize| self.q[(head * self.t + row) * d..][..d].as_ptr();
+        // Blocks of keys (then of values) small enough for L1, each read from L2 once for all the query heads
+        // and rows, two heads at a time (or the last one alone). Row by row the sums run in the same order as
+        // without the blocks: eight-key groups from `first`, and each output's value sum in key order.
         let sp = scores.as_mut_ptr();
-        for j0 in (0..n).step_by(BLOCK) {
-            let keys = j0..(j0 + BLOCK).min(n);
-            let mut i = 0;
-            while i < g {
-                let a = (q_of(kvh * g + i), sp.add(i * n));
-                if i + 1 < g {
-                    let b = (q_of(kvh * g + i + 1), sp.add((i + 1) * n));
-                    score_heads::<true>(k0, stride, d, keys.clone(), a, b);
-                } else {
-                    score_heads::<false>(k0, stride, d, keys.clone(), a, a);
+        for j0 in (0..n_max).step_by(BLOCK) {
+            for (ri, row) in rows.clone().enumerate() {
+                let n = ns[ri];
+                let keys = j0..(j0 + BLOCK).min(n);
+                let mut i = 0;
+                while i < g && !keys.is_empty() {
+                    let a = (q_of(row, kvh * g + i), sp.add(bases[ri] + i * n));
+                    if i + 1 < g {
+                        let b = (q_of(row, kvh * g + i + 1), sp.add(bases[ri] + (i + 1) * n));
+                        score_heads::<true>(k0, stride, d, keys.clone(), a, b);
+                    } else {
+                        score_heads::<false>(k0, stride, d, keys.clone(), a, a);
+                    }
+                    i += 2;
                 }
-                i += 2;
             }
         }
-        self.softmax(scores, n);
-        let (sp, op) = (scores.as_ptr(), o.as_mut_ptr());
-        for j0 in (0..n).step_by(BLOCK) {
-            let values = j0..(j0 + BLOCK).min(n);
+        for (&n, &base) in ns.iter().zip(&bases).take(rows.len()) {
+            self.softmax(&mut scores[base..base + g * n], n);
+        }
+        let sp = scores.as_ptr();
+        for j0 in (0..n_max).step_by(BLOCK) {
             let mut c0 = 0;
             while c0 < dv {
                 // 128 dimensions in eight registers per head while they last, then 64, 32, 16: each register
@@ -540,34 +601,38 @@ impl AttendJob<'_> {
                 };
                 // Up to four heads per pass over the block's value rows (three at eight registers each), so
                 // that a group of three is one pass of twelve chains, not a pair and a latency-bound single.
-                let mut i = 0;
-                while i < g {
-                    let heads = (g - i).min(if lanes == 8 { 3 } else { 4 });
-                    let at = |u: usize| (sp.add((i + u) * n), op.add((i + u) * dv));
-                    let r = values.clone();
-                    macro_rules! pass {
-                        ($h:literal, $l:literal) => {
-                            value_heads::<$h, $l>(v0, stride, r, std::array::from_fn(at), c0)
-                        };
+                for (ri, o) in outs.iter_mut().enumerate() {
+                    let (n, op) = (ns[ri], o.as_mut_ptr());
+                    let values = j0..(j0 + BLOCK).min(n);
+                    let mut i = 0;
+                    while i < g && !values.is_empty() {
+                        let heads = (g - i).min(if lanes == 8 { 3 } else { 4 });
+                        let at = |u: usize| (sp.add(bases[ri] + (i + u) * n), op.add((i + u) * dv));
+                        let r = values.clone();
+                        macro_rules! pass {
+                            ($h:literal, $l:literal) => {
+                                value_heads::<$h, $l>(v0, stride, r, std::array::from_fn(at), c0)
+                            };
+                        }
+                        match (heads, lanes) {
+                            (1, 8) => pass!(1, 8),
+                            (2, 8) => pass!(2, 8),
+                            (_, 8) => pass!(3, 8),
+                            (1, 4) => pass!(1, 4),
+                            (2, 4) => pass!(2, 4),
+                            (3, 4) => pass!(3, 4),
+                            (_, 4) => pass!(4, 4),
+                            (1, 2) => pass!(1, 2),
+                            (2, 2) => pass!(2, 2),
+                            (3, 2) => pass!(3, 2),
+                            (_, 2) => pass!(4, 2),
+                            (1, _) => pass!(1, 1),
+                            (2, _) => pass!(2, 1),
+                            (3, _) => pass!(3, 1),
+                            (_, _) => pass!(4, 1),
+                        }
+                        i += heads;
                     }
-                    match (heads, lanes) {
-                        (1, 8) => pass!(1, 8),
-                        (2, 8) => pass!(2, 8),
-                        (_, 8) => pass!(3, 8),
-                        (1, 4) => pass!(1, 4),
-                        (2, 4) => pass!(2, 4),
-                        (3, 4) => pass!(3, 4),
-                        (_, 4) => pass!(4, 4),
-                        (1, 2) => pass!(1, 2),
-                        (2, 2) => pass!(2, 2),
-                        (3, 2) => pass!(3, 2),
-                        (_, 2) => pass!(4, 2),
-                        (1, _) => pass!(1, 1),
-                        (2, _) => pass!(2, 1),
-                        (3, _) => pass!(3, 1),
-                        (_, _) => pass!(4, 1),
-                    }
-                    i += heads;
                 }
                 c0 += 16 * lanes;
             }
@@ -1444,17 +1509,23 @@ mod tests {
             cache.append(&filled((ctx + t) * kv * d, 1), &filled((ctx + t) * kv * d, 2));
             let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
             let q = filled(h * t * d, 3);
-            let block = attend(&cache, &q, shape, t, 0.125, softcap, causal(ctx, None));
-            for row in 0..t {
-                let q1: Vec<f32> = (0..h).flat_map(|head| q[(head * t + row) * d..][..d].to_vec()).collect();
-                let alone = attend(&cache, &q1, shape, 1, 0.125, softcap, causal(ctx + row, None));
-                assert_eq!(alone, block[row * h * d..(row + 1) * h * d], "row {row} of h{h} kv{kv} d{d}");
+            // Without a window, and with one that every row sees the start of differently (rows then attend
+            // on their own).
+            for window in [None, Some(ctx.div_ceil(2))] {
+                let block = attend(&cache, &q, shape, t, 0.125, softcap, causal(ctx, window));
+                for row in 0..t {
+                    let q1: Vec<f32> = (0..h).flat_map(|head| q[(head * t + row) * d..][..d].to_vec()).collect();
+                    let alone = attend(&cache, &q1, shape, 1, 0.125, softcap, causal(ctx + row, window));
+                    assert_eq!(alone, block[row * h * d..(row + 1) * h * d], "row {row} of h{h} kv{kv} d{d} {window:?}");
+                }
             }
             let job = AttendJob { cache: &cache, q: &q, shape, t, scale: 0.125, softcap, simd: AttendSimd::detect() };
             for row in 0..t {
                 let (mut a, mut b) = (vec![0f32; (h / kv) * d], vec![0f32; (h / kv) * d]);
                 job.unit_portable(row, kv - 1, 0, ctx + row + 1, &mut Vec::new(), &mut a);
-                job.unit(row, kv - 1, (0, ctx + row + 1), &mut Vec::new(), &mut b);
+                let mut outs: [&mut [f32]; MAX_RUN] = Default::default();
+                outs[0] = &mut b;
+                job.unit(row..row + 1, kv - 1, &|r| (0, ctx + r + 1), &mut Vec::new(), outs);
                 for (x, y) in a.iter().zip(&b) {
                     assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "h{h} kv{kv} d{d} row {row}: {x} vs {y}");
                 }
