@@ -397,11 +397,7 @@ fn complete(server: &Server, job: Job, out: &mut TcpStream, keep: bool) -> std::
         Ok(pipe.call(&job.req.prompt, &job.call, Some(&mut sink)))
     };
     lock(&server.idle).push(pipe);
-    let generated = match result {
-        Ok(g) => g,
-        Err(e) => return Err(e),
-    };
-    match generated {
+    match result? {
         Ok(o) => {
             let cancelled = o.finish_reason == FinishReason::Cancelled;
             server.metrics.generation(&o.stats, cancelled);

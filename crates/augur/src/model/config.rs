@@ -436,7 +436,7 @@ impl ModelConfig {
                 let n_routed_experts = c.n_routed_experts.unwrap_or(if deepseek { 256 } else { 128 });
                 let n_group = c.n_group.unwrap_or(if deepseek { 8 } else { 1 });
                 let num_experts_per_tok = c.num_experts_per_tok.unwrap_or(8);
-                if n_group == 0 || n_routed_experts % n_group != 0 {
+                if n_group == 0 || !n_routed_experts.is_multiple_of(n_group) {
                     return Err(Error::config("n_group", format!("{n_group} does not divide n_routed_experts = {n_routed_experts}")));
                 }
                 let topk_group = c.topk_group.unwrap_or(if deepseek { 4 } else { 1 });
@@ -681,7 +681,7 @@ impl ModelConfig {
                 return Err(Error::config(field, "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(Error::config(
                 "num_key_value_heads",
                 format!(
@@ -690,7 +690,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(Error::config("head_dim", "must be even for rotary embeddings"));
         }
         Ok(())
