@@ -14,7 +14,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use super::qkernels::{over_groups, regroup, rows_of, QuantKernel, RowReader};
+use super::qkernels::{over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel};
 use crate::error::{Error, Result};
 
 /// Elements per super-block.
@@ -91,7 +91,7 @@ impl SuperBlockMatrix {
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
         let Some(kind) = KKind::of(q.dtype()) else { return Ok(None) };
         let (n, k) = q.shape().dims2()?;
-        if k % QK_K != 0 || !avx512::available() {
+        if !k.is_multiple_of(QK_K) || !avx512::available() {
             return Ok(None);
         }
         let data = q.data()?;
@@ -111,7 +111,7 @@ impl SuperBlockMatrix {
     /// regrouped.
     pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
         let Some(kind) = KKind::of(dtype) else { return Ok(None) };
-        if k % QK_K != 0 || !avx512::available() {
+        if !k.is_multiple_of(QK_K) || !avx512::available() {
             return Ok(None);
         }
         Ok(Some(Self { kind, n, k, data: interleave(kind, n, k, read)? }))
@@ -130,14 +130,36 @@ impl QuantKernel for SuperBlockMatrix {
     }
 
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
-        let (n, k) = (n.min(self.n), self.k);
-        debug_assert_eq!(x.len(), m * k);
-        let act = Q8KRows::quantize(x, m, k);
-        over_groups(&self.data, (k / QK_K) * self.kind.group_bytes(), m, n, |w, r0, rows, at, stride| {
-            // SAFETY: built only where `avx512::available()`; `w` holds this group's super-blocks;
-            // `over_groups` hands out this group's columns of the output.
-            unsafe { avx512::tile_fn(self.kind, rows)(w, &act, r0, at, stride) }
-        })
+        debug_assert_eq!(x.len(), m * self.k);
+        let act = SharedKernel::quantize(self, x, m);
+        let part = GroupTiles { n: n.min(self.n), ..self.group_tiles(&act) };
+        over_groups(part, m)
+    }
+
+    fn shared(&self) -> Option<&dyn SharedKernel> {
+        Some(self)
+    }
+}
+
+impl SharedKernel for SuperBlockMatrix {
+    fn format(&self) -> ActFormat {
+        ActFormat::SuperBlocks { k: self.k }
+    }
+
+    fn quantize(&self, x: &[f32], m: usize) -> SharedActivations {
+        SharedActivations::SuperBlocks(Q8KRows::quantize(x, m, self.k))
+    }
+
+    fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a> {
+        let SharedActivations::SuperBlocks(act) = act else { unreachable!("activations of another format") };
+        let kind = self.kind;
+        GroupTiles {
+            data: &self.data,
+            n: self.n,
+            group_bytes: (self.k / QK_K) * kind.group_bytes(),
+            // SAFETY: built only where `avx512::available()`; `w` holds one group's super-blocks.
+            tile: Box::new(move |w, r0, rows, at, stride| unsafe { avx512::tile_fn(kind, rows)(w, act, r0, at, stride) }),
+        }
     }
 }
 
@@ -246,7 +268,7 @@ fn place(kind: KKind, i: usize, u: &Unpacked, dst: &mut [u8]) {
 
 /// `m` activation rows quantized as llama.cpp's Q8_K: per 256 elements `q = round(−127/max · x)` (`max` the
 /// element of largest magnitude, with its sign) and the scale `d = max/−127` in f32.
-struct Q8KRows {
+pub struct Q8KRows {
     /// `[m, k]`.
     qs: Vec<i8>,
     /// `[m, k / 256]`.
@@ -589,6 +611,30 @@ mod tests {
     }
 
     /// A row's result does not depend on the other rows in the block.
+    /// Q4_K and Q6_K weights share one Q8_K quantization: each shared product, and the gated one, gives the
+    /// bits of the separate products (followed by `silu_mul`); a 32-element block type is refused.
+    #[test]
+    fn shared_products_match_their_own() {
+        use crate::model::qkernels::{matmul_shared, matmul_silu_gated, BlockMatrix};
+        if !avx512::available() {
+            return;
+        }
+        let k = 512;
+        let q4 = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q4K, 48, k)).unwrap().unwrap();
+        let q6 = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q6K, 70, k)).unwrap().unwrap();
+        let up = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q6K, 48, k)).unwrap().unwrap();
+        for m in [1, 5, 8, 11] {
+            let x = input(m, k);
+            let shared = matmul_shared(&[&q4, &q6], &x, m, k).unwrap();
+            assert_eq!(shared, [q4.matmul(&x, m), q6.matmul(&x, m)], "{m} rows");
+            let mut expected = up.matmul(&x, m);
+            crate::model::silu::silu_mul(&q4.matmul(&x, m), &mut expected);
+            assert_eq!(matmul_silu_gated(&q4, &up, &x, m, k).unwrap(), expected, "gated, {m} rows");
+        }
+        let q8 = BlockMatrix::from_qtensor(&weights(GgmlDType::Q8_0, 16, k)).unwrap().unwrap();
+        assert!(matmul_shared(&[&q4, &q8], &input(1, k), 1, k).is_none());
+    }
+
     #[test]
     fn rows_are_independent() {
         if !avx512::available() {

@@ -502,7 +502,7 @@ impl AttendJob<'_> {
         kvh: usize,
         visible: &impl Fn(usize) -> (usize, usize),
         scores: &mut Vec<f32>,
-        mut outs: [&mut [f32]; MAX_RUN],
+        outs: [&mut [f32]; MAX_RUN],
     ) {
         #[cfg(target_arch = "x86_64")]
         if self.simd == AttendSimd::Avx512
@@ -510,6 +510,7 @@ impl AttendJob<'_> {
             && self.shape.v_dim.is_multiple_of(16)
             && rows.clone().all(|r| visible(r).1 > visible(r).0)
         {
+            let mut outs = outs;
             // SAFETY: AVX-512 F was detected.
             return unsafe { self.unit_avx512(rows, kvh, visible, scores, &mut outs) };
         }
@@ -837,14 +838,14 @@ unsafe fn value_heads<const H: usize, const L: usize>(
         let v = v0.add(j * stride + c0);
         for u in 0..L {
             let x = _mm512_loadu_ps(v.add(16 * u));
-            for h in 0..H {
-                acc[h][u] = _mm512_fmadd_ps(w[h], x, acc[h][u]);
+            for (a, w) in acc.iter_mut().zip(&w) {
+                a[u] = _mm512_fmadd_ps(*w, x, a[u]);
             }
         }
     }
-    for h in 0..H {
-        for u in 0..L {
-            _mm512_storeu_ps(heads[h].1.add(c0 + 16 * u), acc[h][u]);
+    for (a, (_, out)) in acc.iter().zip(heads) {
+        for (u, a) in a.iter().enumerate() {
+            _mm512_storeu_ps(out.add(c0 + 16 * u), *a);
         }
     }
 }
@@ -1483,8 +1484,6 @@ mod tests {
         }
         assert_eq!(exp(0.0), 1.0);
     }
-
-    #[cfg(target_arch = "x86_64")]
 
     /// A block of queries gets, row for row, the bits each query gets alone; and the vectorized unit agrees
     /// with the portable one (head sizes with and without a vector tail, each width of the value loop, key

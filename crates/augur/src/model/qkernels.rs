@@ -109,12 +109,51 @@ pub trait QuantKernel: Send + Sync {
     /// The first `n` outputs of the product with `x` (`[m, k]` row-major) → `[m, min(n, out)]`, reading only
     /// those weight rows; each is the same as in the full product.
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32>;
-    /// This kernel as a [`BlockMatrix`], for the products that share activations ([`matmul_shared`],
-    /// [`matmul_silu_gated`]).
-    fn as_block_matrix(&self) -> Option<&BlockMatrix> {
+    /// This kernel's side of the products that share activations ([`matmul_shared`], [`matmul_silu_gated`]),
+    /// where it has one.
+    fn shared(&self) -> Option<&dyn SharedKernel> {
         None
     }
 }
+
+/// A kernel over interleaved 16-row groups whose quantized activations other kernels of the same
+/// [`ActFormat`] can take as they are.
+pub trait SharedKernel {
+    fn format(&self) -> ActFormat;
+    /// `x` (`[m, k]`) quantized in this kernel's format.
+    fn quantize(&self, x: &[f32], m: usize) -> SharedActivations;
+    /// This kernel's groups, and its tile over `act` (quantized in its format).
+    fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a>;
+}
+
+/// How a kernel quantizes its activations (`k` wide): kernels with equal formats share one quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActFormat {
+    /// llama.cpp's Q8_1 per 32 elements, with the integer offset of the weights' held integers.
+    Blocks { k: usize, offset: i32 },
+    /// llama.cpp's Q8_K per 256 elements (`kquants`).
+    SuperBlocks { k: usize },
+}
+
+/// Activations quantized once for several products.
+pub enum SharedActivations {
+    Blocks(Q8Rows),
+    #[cfg(target_arch = "x86_64")]
+    SuperBlocks(super::kquants::Q8KRows),
+}
+
+/// A weight's 16-row groups (`n` rows, `group_bytes` per group in `data`) and the tile that runs one:
+/// `tile(w, r0, rows, at, stride)` computes activation rows `r0..r0 + rows` (at most [`GROUP_TILE`]) against
+/// group `w`, writing `out[r · stride .. r · stride + 16]` from `at` for each.
+pub struct GroupTiles<'a> {
+    pub data: &'a [u8],
+    pub n: usize,
+    pub group_bytes: usize,
+    pub tile: GroupTile<'a>,
+}
+
+/// See [`GroupTiles`]: `tile(w, r0, rows, at, stride)`.
+pub type GroupTile<'a> = Box<dyn Fn(&[u8], usize, usize, *mut f32, usize) + Sync + 'a>;
 
 impl QuantKernel for BlockMatrix {
     fn out_features(&self) -> usize {
@@ -133,90 +172,97 @@ impl QuantKernel for BlockMatrix {
         }
     }
 
-    fn as_block_matrix(&self) -> Option<&BlockMatrix> {
-        Some(self)
+    fn shared(&self) -> Option<&dyn SharedKernel> {
+        (cfg!(target_arch = "x86_64") && self.layout == Layout::Interleaved).then_some(self as &dyn SharedKernel)
     }
 }
 
-/// `kernels` as interleaved [`BlockMatrix`]es of one type and input width `k`, or `None`.
-fn interleaved_alike<'a>(kernels: &[&'a dyn QuantKernel], k: usize) -> Option<Vec<&'a BlockMatrix>> {
-    let mats: Vec<&BlockMatrix> = kernels.iter().map(|q| q.as_block_matrix()).collect::<Option<_>>()?;
-    let first = mats.first()?;
-    let alike = |b: &&BlockMatrix| b.layout == Layout::Interleaved && b.kind == first.kind && b.k == k;
-    mats.iter().all(alike).then_some(mats)
+impl SharedKernel for BlockMatrix {
+    fn format(&self) -> ActFormat {
+        ActFormat::Blocks { k: self.k, offset: self.kind.offset() }
+    }
+
+    fn quantize(&self, x: &[f32], m: usize) -> SharedActivations {
+        SharedActivations::Blocks(Q8Rows::quantize(x, m, self.k, self.kind.offset()))
+    }
+
+    fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a> {
+        #[allow(irrefutable_let_patterns)] // a single variant where there are no K-type kernels
+        let SharedActivations::Blocks(act) = act else { unreachable!("activations of another format") };
+        let (kind, nb) = (self.kind, self.k / QK);
+        GroupTiles {
+            data: &self.data,
+            n: self.n,
+            group_bytes: nb * GROUP * kind.block_bytes(),
+            tile: Box::new(move |w, r0, rows, at, stride| {
+                // SAFETY: as in `matmul_interleaved`: `shared` is only given for the interleaved layout, built
+                // where AVX-512 was detected; `w` holds `nb` group-blocks of `kind`.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    avx512::tile_fn(kind, rows)(w, nb, act, r0, at, stride)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("{:?}", (w, r0, rows, at, stride, act.d.len()))
+            }),
+        }
+    }
+}
+
+/// The shared sides of `kernels` if all have one, of one activation format `k` wide.
+fn alike<'a>(kernels: &[&'a dyn QuantKernel], k: usize) -> Option<Vec<&'a dyn SharedKernel>> {
+    let shared: Vec<&dyn SharedKernel> = kernels.iter().map(|q| q.shared()).collect::<Option<_>>()?;
+    let format = shared.first()?.format();
+    let k_of = |f: ActFormat| match f {
+        ActFormat::Blocks { k, .. } | ActFormat::SuperBlocks { k } => k,
+    };
+    (k_of(format) == k && shared.iter().all(|s| s.format() == format)).then_some(shared)
 }
 
 /// The products of the same activations `x` (`[m, k]`) with several weights, such as a layer's q, k and v
-/// projections: where all are interleaved [`BlockMatrix`]es of one type, `x` is quantized once and the groups of
-/// all of them share one parallel region (one hand-off instead of one per weight). Each result (`[m, n_i]`) is
-/// bit for bit that weight's own product. `None` where the weights are not alike.
+/// projections: where all quantize activations alike, `x` is quantized once and the groups of all of them
+/// share one parallel region (one hand-off instead of one per weight). Each result (`[m, n_i]`) is bit for bit
+/// that weight's own product. `None` where they differ.
 pub fn matmul_shared(kernels: &[&dyn QuantKernel], x: &[f32], m: usize, k: usize) -> Option<Vec<Vec<f32>>> {
-    let mats = interleaved_alike(kernels, k)?;
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (kind, nb) = (mats[0].kind, k / QK);
-        let act = Q8Rows::quantize(x, m, k, kind.offset());
-        let group_bytes = nb * GROUP * kind.block_bytes();
-        let parts: Vec<(&[u8], usize)> = mats.iter().map(|b| (b.data.as_slice(), b.n)).collect();
-        Some(over_groups_of(&parts, group_bytes, m, |w, r0, rows, at, stride| {
-            // SAFETY: as in `matmul_interleaved`: every weight is interleaved, of `kind`, `nb` blocks wide.
-            unsafe { avx512::tile_fn(kind, rows)(w, nb, &act, r0, at, stride) }
-        }))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (mats, x, m);
-        None
-    }
+    let shared = alike(kernels, k)?;
+    let act = shared[0].quantize(x, m);
+    let parts: Vec<GroupTiles> = shared.iter().map(|s| s.group_tiles(&act)).collect();
+    Some(over_groups_of(&parts, m))
 }
 
-/// `silu(x·gateᵀ) · (x·upᵀ)` (`[m, n]`), a gated MLP's hidden activations, in one pass where both weights are
-/// interleaved [`BlockMatrix`]es of one type: `x` quantized once, and each group's SiLU product taken as its two
-/// tiles come out, while they are in cache, instead of over two whole outputs afterwards. The same bits as the
-/// two products followed by [`super::silu::silu_mul`]. `None` where the weights are not alike.
+/// `silu(x·gateᵀ) · (x·upᵀ)` (`[m, n]`), a gated MLP's hidden activations, in one pass where both weights
+/// quantize activations alike: `x` quantized once, and each group's SiLU product taken as its two tiles come
+/// out, while they are in cache, instead of over two whole outputs afterwards. The same bits as the two
+/// products followed by [`super::silu::silu_mul`]. `None` where they differ.
 pub fn matmul_silu_gated(gate: &dyn QuantKernel, up: &dyn QuantKernel, x: &[f32], m: usize, k: usize) -> Option<Vec<f32>> {
-    let mats = interleaved_alike(&[gate, up], k)?;
-    let (gate, up) = (mats[0], mats[1]);
-    if gate.n != up.n || gate.n % GROUP != 0 {
+    let shared = alike(&[gate, up], k)?;
+    let act = shared[0].quantize(x, m);
+    let (gate, up) = (shared[0].group_tiles(&act), shared[1].group_tiles(&act));
+    let n = gate.n;
+    if up.n != n || n % GROUP != 0 {
         return None;
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        let (kind, nb, n) = (gate.kind, k / QK, gate.n);
-        let act = Q8Rows::quantize(x, m, k, kind.offset());
-        let group_bytes = nb * GROUP * kind.block_bytes();
-        let mut out = vec![0f32; m * n];
-        let dst = SharedOut::new(&mut out);
-        for_each_chunk(n / GROUP, |range| {
-            let mut gated = [0f32; GROUP_TILE * GROUP];
-            for g in range {
-                let (gate_w, up_w) = (&gate.data[g * group_bytes..][..group_bytes], &up.data[g * group_bytes..][..group_bytes]);
-                for r0 in (0..m).step_by(GROUP_TILE) {
-                    let rows = GROUP_TILE.min(m - r0);
-                    // SAFETY: both weights are interleaved, of `kind`, `nb` blocks wide; this task alone writes
-                    // group g's 16 columns of `out` (`[m, n]`), and `gated` holds `rows` rows of 16.
-                    let at = unsafe {
-                        let tile = avx512::tile_fn(kind, rows);
-                        tile(gate_w, nb, &act, r0, gated.as_mut_ptr(), GROUP);
-                        let at = dst.ptr(r0 * n + g * GROUP, (rows - 1) * n + GROUP);
-                        tile(up_w, nb, &act, r0, at, n);
-                        at
-                    };
-                    for r in 0..rows {
-                        // SAFETY: row r0 + r's 16 columns of group g, written by this task only.
-                        let u = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), GROUP) };
-                        super::silu::silu_mul_here(&gated[r * GROUP..][..GROUP], u);
-                    }
+    let mut out = vec![0f32; m * n];
+    let dst = SharedOut::new(&mut out);
+    for_each_chunk(n / GROUP, |range| {
+        let mut gated = [0f32; GROUP_TILE * GROUP];
+        for g in range {
+            let gate_w = &gate.data[g * gate.group_bytes..][..gate.group_bytes];
+            let up_w = &up.data[g * up.group_bytes..][..up.group_bytes];
+            for r0 in (0..m).step_by(GROUP_TILE) {
+                let rows = GROUP_TILE.min(m - r0);
+                (gate.tile)(gate_w, r0, rows, gated.as_mut_ptr(), GROUP);
+                // SAFETY: this task alone writes group g's 16 columns of `out` (`[m, n]`).
+                let at = unsafe { dst.ptr(r0 * n + g * GROUP, (rows - 1) * n + GROUP) };
+                (up.tile)(up_w, r0, rows, at, n);
+                for r in 0..rows {
+                    // SAFETY: row r0 + r's 16 columns of group g, written by this task only.
+                    let u = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), GROUP) };
+                    super::silu::silu_mul_here(&gated[r * GROUP..][..GROUP], u);
                 }
             }
-        });
-        Some(out)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (gate, up, x, m);
-        None
-    }
+        }
+    });
+    Some(out)
 }
 
 impl BlockMatrix {
@@ -260,7 +306,7 @@ impl BlockMatrix {
     /// a time: the tensor is never held twice while it is regrouped.
     pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
         let Some(kind) = BlockKind::of(dtype) else { return Ok(None) };
-        if k % QK != 0 || Simd::detect() != Simd::Avx512 {
+        if !k.is_multiple_of(QK) || Simd::detect() != Simd::Avx512 {
             return Ok(None);
         }
         let data = interleave(kind, n, k, read)?;
@@ -273,15 +319,10 @@ impl BlockMatrix {
         self.matmul_first(x, m, self.n)
     }
 
-    #[cfg(target_arch = "x86_64")]
     fn matmul_interleaved(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
-        let nb = self.k / QK;
-        let act = Q8Rows::quantize(x, m, self.k, self.kind.offset());
-        over_groups(&self.data, nb * GROUP * self.kind.block_bytes(), m, n, |w, r0, rows, at, stride| {
-            // SAFETY: `Interleaved` is only built where AVX-512 (F, BW, VNNI) and F16C were detected; `w` holds
-            // `nb` group-blocks of `kind`; `over_groups` hands out this group's columns of the output.
-            unsafe { avx512::tile_fn(self.kind, rows)(w, nb, &act, r0, at, stride) }
-        })
+        let act = SharedKernel::quantize(self, x, m);
+        let part = GroupTiles { n, ..self.group_tiles(&act) };
+        over_groups(part, m)
     }
 
     fn matmul_rows(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
@@ -318,29 +359,16 @@ impl BlockMatrix {
     }
 }
 
-/// The product `[m, n]` of the first `n` weight rows of an interleaved matrix (`data`: 16-row groups of
-/// `group_bytes`) with `m` activation rows, the groups shared out over the pool. `tile(w, r0, rows, at,
-/// stride)` computes activation rows `r0..r0 + rows` (at most [`GROUP_TILE`]) against group `w`, writing
-/// `out[r · stride .. r · stride + 16]` from `at` for each.
-pub(super) fn over_groups(
-    data: &[u8],
-    group_bytes: usize,
-    m: usize,
-    n: usize,
-    tile: impl Fn(&[u8], usize, usize, *mut f32, usize) + Sync,
-) -> Vec<f32> {
-    over_groups_of(&[(data, n)], group_bytes, m, tile).pop().expect("one product")
+/// The product `[m, part.n]` of a weight's first `part.n` rows with `m` activation rows, the groups shared out
+/// over the pool.
+pub(super) fn over_groups(part: GroupTiles, m: usize) -> Vec<f32> {
+    over_groups_of(std::slice::from_ref(&part), m).pop().expect("one product")
 }
 
-/// [`over_groups`] for several interleaved matrices (`parts`: data and rows `n`, groups of `group_bytes`)
-/// with the same activations, all their groups in one parallel region → one `[m, n]` per matrix.
-fn over_groups_of(
-    parts: &[(&[u8], usize)],
-    group_bytes: usize,
-    m: usize,
-    tile: impl Fn(&[u8], usize, usize, *mut f32, usize) + Sync,
-) -> Vec<Vec<f32>> {
-    let groups: Vec<usize> = parts.iter().map(|&(_, n)| n.div_ceil(GROUP)).collect();
+/// [`over_groups`] for several weights with the same activations, all their groups in one parallel region →
+/// one `[m, n]` per weight.
+fn over_groups_of(parts: &[GroupTiles], m: usize) -> Vec<Vec<f32>> {
+    let groups: Vec<usize> = parts.iter().map(|p| p.n.div_ceil(GROUP)).collect();
     let mut outs: Vec<Vec<f32>> = groups.iter().map(|g| vec![0f32; m * g * GROUP]).collect();
     let dsts: Vec<SharedOut> = outs.iter_mut().map(|o| SharedOut::new(o)).collect();
     // Task i is group `i − starts[p]` of part p, for the last p with `starts[p] ≤ i`.
@@ -348,21 +376,21 @@ fn over_groups_of(
     for_each_chunk(groups.iter().sum(), |range| {
         for i in range {
             let p = starts.partition_point(|&s| s <= i) - 1;
-            let (g, padded) = (i - starts[p], groups[p] * GROUP);
-            let w = &parts[p].0[g * group_bytes..(g + 1) * group_bytes];
+            let (part, g, padded) = (&parts[p], i - starts[p], groups[p] * GROUP);
+            let w = &part.data[g * part.group_bytes..(g + 1) * part.group_bytes];
             for r0 in (0..m).step_by(GROUP_TILE) {
                 let rows = GROUP_TILE.min(m - r0);
                 // SAFETY: this group's 16 columns of part p's output (`[m, padded]`) are written by this task only.
                 let at = unsafe { dsts[p].ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
-                tile(w, r0, rows, at, padded);
+                (part.tile)(w, r0, rows, at, padded);
             }
         }
     });
     drop(dsts);
-    for (out, &(_, n)) in outs.iter_mut().zip(parts) {
-        let padded = n.div_ceil(GROUP) * GROUP;
-        if padded != n {
-            *out = out.chunks_exact(padded).flat_map(|row| &row[..n]).copied().collect();
+    for (out, part) in outs.iter_mut().zip(parts) {
+        let padded = part.n.div_ceil(GROUP) * GROUP;
+        if padded != part.n {
+            *out = out.chunks_exact(padded).flat_map(|row| &row[..part.n]).copied().collect();
         }
     }
     outs
@@ -456,7 +484,7 @@ fn group_quant_bytes(kind: BlockKind) -> usize {
 
 /// `m` activation rows quantized per block for the interleaved kernel: the integers row-major `[m, k]`, and
 /// per block `[m, k / 32]` the scale, `offset · Σq` (subtracted from the integer dot product), and `d · Σq`.
-struct Q8Rows {
+pub struct Q8Rows {
     qs: Vec<i8>,
     d: Vec<f32>,
     correction: Vec<i32>,
@@ -468,6 +496,7 @@ impl Q8Rows {
         let blocks = m * (k / QK);
         let mut rows = Q8Rows { qs: vec![0; m * k], d: vec![0.0; blocks], correction: vec![0; blocks], s: vec![0.0; blocks] };
         // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time.
+        #[cfg(target_arch = "x86_64")]
         let batched = blocks / 16 * 16;
         #[cfg(target_arch = "x86_64")]
         for b in (0..batched).step_by(16) {
