@@ -14,7 +14,9 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use super::qkernels::{over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel};
+use super::qkernels::{
+    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel,
+};
 use crate::error::{Error, Result};
 
 /// Elements per super-block.
@@ -610,7 +612,6 @@ mod tests {
         }
     }
 
-    /// A row's result does not depend on the other rows in the block.
     /// Q4_K and Q6_K weights share one Q8_K quantization: each shared product, and the gated one, gives the
     /// bits of the separate products (followed by `silu_mul`); a 32-element block type is refused.
     #[test]
@@ -635,6 +636,7 @@ mod tests {
         assert!(matmul_shared(&[&q4, &q8], &input(1, k), 1, k).is_none());
     }
 
+    /// A row's result does not depend on the other rows in the block.
     #[test]
     fn rows_are_independent() {
         if !avx512::available() {

@@ -438,9 +438,9 @@ pub fn attend(
 }
 
 /// Consecutive query rows attended together ([`attend`]'s units): rows that see the same first position, as
-/// many as leave at least two units per thread over the key/value heads, and at most [`MAX_RUN`]. Eight rows of a
-/// verified block, each on its own, read all the keys and values eight times from L2 (at 512 cached positions,
-/// SmolLM2's 8-token forward spent 4.4 of its 12 ms in attention against 1.6 of 6 for one token).
+/// many as leave at least two units per thread over the key/value heads, and at most [`MAX_RUN`]. Eight rows
+/// of a verified block, each on its own, read all the keys and values eight times from L2 (at 512 cached
+/// positions, SmolLM2's 8-token forward spent 4.4 of its 12 ms in attention against 1.6 of 6 for one token).
 fn row_runs(t: usize, n_kv_heads: usize, visible: &impl Fn(usize) -> (usize, usize)) -> Vec<std::ops::Range<usize>> {
     let per_head = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads.max(1));
     let longest = (t / per_head).clamp(1, MAX_RUN);

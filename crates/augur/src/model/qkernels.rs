@@ -152,7 +152,7 @@ pub struct GroupTiles<'a> {
     pub tile: GroupTile<'a>,
 }
 
-/// See [`GroupTiles`]: `tile(w, r0, rows, at, stride)`.
+/// [`GroupTiles::tile`].
 pub type GroupTile<'a> = Box<dyn Fn(&[u8], usize, usize, *mut f32, usize) + Sync + 'a>;
 
 impl QuantKernel for BlockMatrix {
@@ -233,7 +233,13 @@ pub fn matmul_shared(kernels: &[&dyn QuantKernel], x: &[f32], m: usize, k: usize
 /// quantize activations alike: `x` quantized once, and each group's SiLU product taken as its two tiles come
 /// out, while they are in cache, instead of over two whole outputs afterwards. The same bits as the two
 /// products followed by [`super::silu::silu_mul`]. `None` where they differ.
-pub fn matmul_silu_gated(gate: &dyn QuantKernel, up: &dyn QuantKernel, x: &[f32], m: usize, k: usize) -> Option<Vec<f32>> {
+pub fn matmul_silu_gated(
+    gate: &dyn QuantKernel,
+    up: &dyn QuantKernel,
+    x: &[f32],
+    m: usize,
+    k: usize,
+) -> Option<Vec<f32>> {
     let shared = alike(&[gate, up], k)?;
     let act = shared[0].quantize(x, m);
     let (gate, up) = (shared[0].group_tiles(&act), shared[1].group_tiles(&act));
@@ -494,7 +500,8 @@ pub struct Q8Rows {
 impl Q8Rows {
     fn quantize(x: &[f32], m: usize, k: usize, offset: i32) -> Self {
         let blocks = m * (k / QK);
-        let mut rows = Q8Rows { qs: vec![0; m * k], d: vec![0.0; blocks], correction: vec![0; blocks], s: vec![0.0; blocks] };
+        let (qs, d, s) = (vec![0; m * k], vec![0.0; blocks], vec![0.0; blocks]);
+        let mut rows = Q8Rows { qs, d, correction: vec![0; blocks], s };
         // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time.
         #[cfg(target_arch = "x86_64")]
         let batched = blocks / 16 * 16;

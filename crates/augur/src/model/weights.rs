@@ -111,16 +111,15 @@ impl Linear {
     pub fn forward_first(&self, x: &Tensor, n: usize) -> Result<Tensor> {
         let in_dim = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / in_dim;
-        let mut out_shape = x.dims().to_vec();
         let y = match &self.weight {
             LinearWeight::Own(b) => {
-                let n = n.min(b.out_features());
-                *out_shape.last_mut().expect("rank >= 1") = n;
-                Tensor::from_vec(b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n), out_shape, x.device())?
+                let y = b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n.min(b.out_features()));
+                shaped_like(x, y, rows)?
             }
             LinearWeight::Candle(w) if rows == 1 && self.single_row_differs() => {
                 let two = x.reshape((1, in_dim))?.repeat((2, 1))?;
                 let y = w.forward(&two)?.narrow(0, 0, 1)?;
+                let mut out_shape = x.dims().to_vec();
                 *out_shape.last_mut().expect("rank >= 1") = y.dim(1)?;
                 y.reshape(out_shape)?
             }
@@ -158,15 +157,7 @@ impl Linear {
         let rows = x.elem_count() / in_dim;
         if let Some(kernels) = Self::own_kernels(linears) {
             if let Some(ys) = matmul_shared(&kernels, &x.flatten_all()?.to_vec1::<f32>()?, rows, in_dim) {
-                return ys
-                    .into_iter()
-                    .zip(linears)
-                    .map(|(y, l)| {
-                        let mut shape = x.dims().to_vec();
-                        *shape.last_mut().expect("rank >= 1") = y.len() / rows;
-                        l.add_bias(Tensor::from_vec(y, shape, x.device())?)
-                    })
-                    .collect();
+                return ys.into_iter().zip(linears).map(|(y, l)| l.add_bias(shaped_like(x, y, rows)?)).collect();
             }
         }
         linears.iter().map(|l| l.forward(x)).collect()
@@ -184,10 +175,15 @@ impl Linear {
         let Some(y) = matmul_silu_gated(kernels[0], kernels[1], &x.flatten_all()?.to_vec1::<f32>()?, rows, in_dim) else {
             return Ok(None);
         };
-        let mut shape = x.dims().to_vec();
-        *shape.last_mut().expect("rank >= 1") = y.len() / rows;
-        Ok(Some(Tensor::from_vec(y, shape, x.device())?))
+        Ok(Some(shaped_like(x, y, rows)?))
     }
+}
+
+/// `y` (`rows` rows of values) as a tensor of `x`'s shape but for its last dimension.
+fn shaped_like(x: &Tensor, y: Vec<f32>, rows: usize) -> Result<Tensor> {
+    let mut shape = x.dims().to_vec();
+    *shape.last_mut().expect("rank >= 1") = y.len() / rows.max(1);
+    Ok(Tensor::from_vec(y, shape, x.device())?)
 }
 
 /// Token embeddings `[vocab, hidden]`. A quantized GGUF table stays in the file: each forward reads and
