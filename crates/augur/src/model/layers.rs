@@ -412,9 +412,9 @@ pub fn attend(
         let mut scores = Vec::new();
         for unit in range {
             let (rows, kvh) = (runs[unit / n_kv_heads].clone(), unit % n_kv_heads);
-            // SAFETY: the group's heads are consecutive, so each unit owns its `g · dv` outputs of each row.
             let mut outs: [&mut [f32]; MAX_RUN] = Default::default();
             for (o, row) in outs.iter_mut().zip(rows.clone()) {
+                // SAFETY: the group's heads are consecutive, so each unit owns its `g · dv` outputs of each row.
                 *o = unsafe { dst.slice((row * h + kvh * g) * dv, g * dv) };
             }
             job.unit(rows, kvh, &visible, &mut scores, outs);

@@ -240,13 +240,13 @@ pub fn matmul_silu_gated(
     m: usize,
     k: usize,
 ) -> Option<Vec<f32>> {
+    let n = gate.out_features();
+    if up.out_features() != n || !n.is_multiple_of(GROUP) {
+        return None;
+    }
     let shared = alike(&[gate, up], k)?;
     let act = shared[0].quantize(x, m);
     let (gate, up) = (shared[0].group_tiles(&act), shared[1].group_tiles(&act));
-    let n = gate.n;
-    if up.n != n || n % GROUP != 0 {
-        return None;
-    }
     let mut out = vec![0f32; m * n];
     let dst = SharedOut::new(&mut out);
     for_each_chunk(n / GROUP, |range| {
