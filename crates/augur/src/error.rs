@@ -57,6 +57,12 @@ pub enum Error {
     #[error("could not fetch the default model: {0}")]
     Fetch(String),
 
+    /// A model gave a NaN or infinite logit (broken weights, or an overflow): no token can be chosen honestly
+    /// from that row. `model` names the model (its file, where the pipeline knows it), `position` the sequence
+    /// position (prompt included) whose output row it is.
+    #[error("{model} gave a non-finite logit ({value}) for token id {token} at position {position}")]
+    NonFiniteLogits { model: String, position: usize, token: usize, value: f32 },
+
     /// A generation that ended abnormally outside the model (a worker thread that died).
     #[error("generation failed: {0}")]
     Generation(String),

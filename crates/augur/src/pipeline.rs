@@ -289,6 +289,7 @@ impl Pipeline {
         let max_new = cfg.max_new_tokens_for(ids.len(), Some(context))?.min(context - ids.len());
         let start = Instant::now();
         let mut stats = GenerationStats { prompt_tokens: ids.len(), ..Default::default() };
+        let (target_path, assistant_path) = (self.target.path.clone(), self.assistant.as_ref().map(|a| a.path.clone()));
         let target = &mut self.target;
         target.model.truncate(0);
         let mut emitter =
@@ -309,7 +310,7 @@ impl Pipeline {
                 ));
             }
             let lookup = PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?;
-            Some(Box::new(lookup.cost_aware(cfg.cost_aware_drafting)))
+            Some(Box::new(lookup.cost_aware(cfg.cost_aware())))
         } else if cfg.use_mtp {
             let num_mtp_layers = target.model.config().num_mtp_layers;
             match target.mtp.as_mut() {
@@ -379,10 +380,21 @@ impl Pipeline {
         if let Some(policy) = &call.backoff {
             drafter = drafter.map(|d| Box::new(Backoff::new(d, policy.clone())) as Box<dyn Drafter + '_>);
         }
-        match drafter.as_deref_mut() {
-            Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats)?,
-            None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats)?,
-        }
+        let result = match drafter.as_deref_mut() {
+            Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats),
+            None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats),
+        };
+        result.map_err(|e| match e {
+            // Name the file: "the assistant model" alone does not say which one.
+            Error::NonFiniteLogits { model, position, token, value } => {
+                let file = match &assistant_path {
+                    Some(a) if model.starts_with(decode::ASSISTANT) => a,
+                    _ => &target_path,
+                };
+                Error::NonFiniteLogits { model: format!("{model} ({})", file.display()), position, token, value }
+            }
+            e => e,
+        })?;
         stats.seconds = start.elapsed().as_secs_f64();
         stats.finish();
         Ok(emitter.into_output(stats))

@@ -4,18 +4,14 @@
 //! - the lossless property (greedy early exit equals plain greedy) for every exit layer on three architectures;
 //! - the shared cache: reusing the early layers' drafted positions gives bit-identical logits, and cutting them
 //!   back forgets them;
-//! - sampling: with a weight w the first two tokens follow `ν₀(x₁)·p₁(x₂|x₁)`, `ν = w·p + (1−w)·q` (the second
-//!   token is the target's own), without one they follow the target (chi-square goodness of fit at α = 0.001),
-//!   and the ensemble output is shown not to follow the target.
+//! - the ensemble goldens with cost-aware drafting at its default.
+//!
+//! Sampling with early exit, and the ensemble's mixture, are tested in `exact_distribution.rs`.
 
 mod common;
 
-use std::collections::HashMap;
-
 use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Drafter, EarlyExit};
-use augur::generation::logits::LogitsProcessor;
-use augur::generation::sampler::softmax;
 use augur::model::{CausalLm, ForwardOptions, LogitRows};
 use common::*;
 use serde_json::Value;
@@ -73,6 +69,28 @@ fn rounds_match_transformers() {
         }
     }
     assert!(checked >= 40 && ensemble >= 12, "only {checked} runs ({ensemble} with an ensemble weight) checked");
+}
+
+/// The ensemble goldens hold with cost-aware drafting left at its default: under an ensemble weight the rounds
+/// decide the output (a draft position follows ν, a plain step p), so the cost model must not shape them.
+#[test]
+fn ensemble_goldens_hold_with_cost_aware_drafting_at_its_default() {
+    let g = golden("early_exit.json");
+    let mut checked = 0;
+    for c in g["configs"].as_array().unwrap().iter().filter(|c| c["assistant_ensemble_weight"].is_number()) {
+        let opts = GenerationOptions { cost_aware_drafting: None, ..options_for(&g, c) };
+        let mut pipe = match c["method"].as_str().unwrap() {
+            "early_exit" => pipeline("tiny-llama", None),
+            _ => pipeline("tiny-llama", Some("tiny-llama-assistant")),
+        };
+        for run in c["runs"].as_array().unwrap() {
+            let out = pipe.generate_ids(&ids(&run["input_ids"]), &opts, None).unwrap();
+            assert_eq!(out.tokens, ids(&run["output"]), "w={} on {:?}", c["assistant_ensemble_weight"], run["text"]);
+            assert!(out.stats.drafted > 0);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "only {checked} ensemble runs");
 }
 
 /// Each recorded draft, re-drafted from a cold cache by the early-exit drafter alone.
@@ -227,99 +245,3 @@ fn drafted_positions_are_reused_exactly_and_cut_back() {
         assert!(e.is_err(), "exit layer 4 of 4 must be refused");
     }
 }
-
-// ---------------------------------------------------------------------------------------------------------------
-// sampling
-
-/// The processed distribution of the next token after `ctx` (the first `exit` layers only, when given).
-fn next_dist(model: &mut dyn CausalLm, cfg: &GenerationConfig, ctx: &[u32], exit: Option<usize>) -> Vec<f32> {
-    model.truncate(0);
-    let mut row = logits_of(model, ctx, exit).pop().unwrap();
-    LogitsProcessor::new(cfg, SAMPLING_PROMPT.len()).unwrap().process(ctx, &mut row);
-    softmax(&row)
-}
-
-/// `P(x₁, x₂) = first(x₁)·p₁(x₂ | x₁)` over every pair with non-zero probability.
-fn expected(model: &mut dyn CausalLm, cfg: &GenerationConfig, first: &[f32]) -> HashMap<Vec<u32>, f64> {
-    let mut e = HashMap::new();
-    for (x1, &f) in first.iter().enumerate().filter(|(_, &f)| f > 0.0) {
-        let mut ctx = SAMPLING_PROMPT.to_vec();
-        ctx.push(x1 as u32);
-        for (x2, &p) in next_dist(model, cfg, &ctx, None).iter().enumerate().filter(|(_, &p)| p > 0.0) {
-            e.insert(vec![x1 as u32, x2 as u32], f as f64 * p as f64);
-        }
-    }
-    e
-}
-
-/// Chi-square goodness of fit of `observed` (DRAWS samples) to `expected` probabilities, cells with fewer than
-/// 5 expected draws pooled (an outcome of probability 0 lands there), and its critical value at α = 0.001.
-fn chi_square(observed: &HashMap<Vec<u32>, usize>, expected: &HashMap<Vec<u32>, f64>) -> (f64, f64) {
-    let n = DRAWS as f64;
-    let (mut stat, mut df, mut pooled) = (0.0, 0usize, (0.0, 0.0));
-    for (k, &p) in expected {
-        let o = *observed.get(k).unwrap_or(&0) as f64;
-        if n * p < 5.0 {
-            pooled = (pooled.0 + o, pooled.1 + n * p);
-        } else {
-            stat += (o - n * p).powi(2) / (n * p);
-            df += 1;
-        }
-    }
-    pooled.0 += observed.iter().filter(|(k, _)| !expected.contains_key(*k)).map(|(_, &c)| c as f64).sum::<f64>();
-    if pooled.0 > 0.0 || pooled.1 > 0.0 {
-        stat += (pooled.0 - pooled.1).powi(2) / pooled.1.max(1e-9);
-        df += 1;
-    }
-    let k = (df - 1) as f64;
-    let z = 3.090; // one-sided 0.001 quantile of the standard normal
-    let critical = k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3);
-    (stat, critical)
-}
-
-fn mixture(p: &[f32], q: &[f32], w: f32) -> Vec<f32> {
-    p.iter().zip(q).map(|(p, q)| w * p + (1.0 - w) * q).collect()
-}
-
-#[test]
-fn sampling_follows_the_target_or_the_specified_mixture() {
-    let exit = 1;
-    let w = 0.5;
-    let cfg = GenerationConfig::from_options(&sampling(0));
-    let mut lm = load(&fixtures().join("tiny-llama"), false);
-    let p0 = next_dist(lm.model.as_mut(), &cfg, &SAMPLING_PROMPT, None);
-    let q0 = next_dist(lm.model.as_mut(), &cfg, &SAMPLING_PROMPT, Some(exit));
-    let target = expected(lm.model.as_mut(), &cfg, &p0);
-    let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &q0, w));
-
-    let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
-    let lossless = histogram(DRAWS, |s| {
-        let o = GenerationOptions { assistant_early_exit: Some(exit), ..sampling(s) };
-        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
-    });
-    let (stat, critical) = chi_square(&lossless, &target);
-    assert!(stat < critical, "early exit without a weight: chi-square {stat:.1} ≥ {critical:.1} against the target");
-
-    let mixed = histogram(DRAWS, |s| {
-        let o =
-            GenerationOptions { assistant_early_exit: Some(exit), assistant_ensemble_weight: Some(w), ..sampling(s) };
-        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
-    });
-    let (stat, critical) = chi_square(&mixed, &ensemble);
-    assert!(stat < critical, "early exit, w = {w}: chi-square {stat:.1} ≥ {critical:.1} against the mixture");
-    let (stat, critical) = chi_square(&mixed, &target);
-    assert!(stat > critical, "w = {w} cannot be told from the target: chi-square {stat:.1} < {critical:.1}");
-
-    // The assistant model's q: its own processed distribution at the prompt.
-    let w = 0.3;
-    let mut a = load(&fixtures().join("tiny-llama-assistant"), false);
-    let qa = next_dist(a.model.as_mut(), &cfg, &SAMPLING_PROMPT, None);
-    let ensemble = expected(lm.model.as_mut(), &cfg, &mixture(&p0, &qa, w));
-    let mixed = histogram(DRAWS, |s| {
-        let o = GenerationOptions { assistant_ensemble_weight: Some(w), ..sampling(s) };
-        pipe.generate_ids(&SAMPLING_PROMPT, &o, None).unwrap().tokens
-    });
-    let (stat, critical) = chi_square(&mixed, &ensemble);
-    assert!(stat < critical, "assistant model, w = {w}: chi-square {stat:.1} ≥ {critical:.1} against the mixture");
-}
-

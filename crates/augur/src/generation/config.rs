@@ -154,7 +154,8 @@ generation_fields! {
     /// when scikit-learn is installed; false gives its behaviour without scikit-learn). Not a Transformers field.
     assistant_confidence_adaptive: opt bool = (), parse_de::<bool>;
     /// Measure what drafting costs and saves, and draft less or not at all where it does not pay (see
-    /// `generation::cost_model`). Not a Transformers field; false gives Transformers' round structure.
+    /// `generation::cost_model`). Not a Transformers field; false gives Transformers' round structure. Off
+    /// under `assistant_ensemble_weight` whatever its value (see [`GenerationConfig::cost_aware`]).
     cost_aware_drafting: plain bool = true, parse_de::<bool>;
     /// Enables prompt lookup decoding: maximum continuation length copied from an n-gram match.
     prompt_lookup_num_tokens: opt usize = (), parse_de::<usize>;
@@ -389,6 +390,13 @@ impl GenerationConfig {
 
     pub fn effective_target_lookbehind(&self) -> usize {
         self.target_lookbehind.unwrap_or(DEFAULT_LOOKBEHIND)
+    }
+
+    /// Whether the cost model may shape the rounds: `cost_aware_drafting`, except under ensemble verification.
+    /// There a draft position's token follows the mixture ν and a plain step's the target alone, so rounds
+    /// chosen from measured seconds would make the output depend on timing.
+    pub fn cost_aware(&self) -> bool {
+        self.cost_aware_drafting && self.assistant_ensemble_weight.is_none()
     }
 
     /// Whether `generate()` would run assisted decoding without an assistant model (the self-drafting knobs).

@@ -6,14 +6,49 @@ use super::config::GenerationConfig;
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::{argmax, Sampler};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
-/// The logits of the last `rows` positions of a forward, one `Vec` per position.
-pub(crate) fn logits_rows(out: &crate::model::ForwardOutput) -> Result<Vec<Vec<f32>>> {
-    match &out.logits {
-        Some(l) => Ok(l.to_vec2::<f32>()?),
-        None => Ok(Vec::new()),
+/// Names of the models in [`Error::NonFiniteLogits`]; the pipeline adds their files.
+pub const TARGET: &str = "the target model";
+pub const ASSISTANT: &str = "the assistant model";
+
+/// The logits of the last rows of a forward, one `Vec` per position: `first_position` is the sequence position of
+/// the first row, `model` names the model, both for the error a NaN or infinite logit gives.
+pub(crate) fn logits_rows(
+    out: &crate::model::ForwardOutput,
+    model: &str,
+    first_position: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let rows = match &out.logits {
+        Some(l) => l.to_vec2::<f32>()?,
+        None => Vec::new(),
+    };
+    for (i, row) in rows.iter().enumerate() {
+        check_finite(row, model, first_position + i)?;
+    }
+    Ok(rows)
+}
+
+/// A NaN or infinite logit is an error: left in, NaN wins every argmax and empties every distribution, so the
+/// output would be garbage passed off as text.
+pub(crate) fn check_finite(row: &[f32], model: &str, position: usize) -> Result<()> {
+    // `x − x` is 0 for a finite `x` and NaN otherwise: one pass in eight lanes so it vectorizes; the search
+    // for the culprit only runs on a bad row.
+    let mut lanes = [0.0f32; 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (l, &x) in lanes.iter_mut().zip(chunk) {
+            *l += x - x;
+        }
+    }
+    if lanes.iter().chain(rest).all(|&x| x - x == 0.0) {
+        return Ok(());
+    }
+    match row.iter().position(|x| !x.is_finite()) {
+        Some(token) => Err(Error::NonFiniteLogits { model: model.into(), position, token, value: row[token] }),
+        None => Ok(()),
     }
 }
 
@@ -52,7 +87,7 @@ pub fn generate(
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
         }
-        let logits = logits_rows(&out)?.pop().unwrap_or_default();
+        let logits = logits_rows(&out, TARGET, model.cache_len() - 1)?.pop().unwrap_or_default();
         let next = next_token(&processor, &mut sampler, emitter.tokens(), logits);
         emitter.accept(&[next])?;
         pending = vec![next];

@@ -73,7 +73,8 @@ fn best_threshold(scores: &[f32], labels: &[bool]) -> Option<f32> {
     let mut i = 0;
     while i < order.len() {
         let thr = scores[order[i]];
-        while i < order.len() && scores[order[i]] == thr {
+        // `total_cmp`, not `==`: a NaN score equals nothing, not even itself, and would never advance `i`.
+        while i < order.len() && scores[order[i]].total_cmp(&thr).is_eq() {
             if labels[order[i]] { tp += 1.0 } else { fp += 1.0 }
             i += 1;
         }
@@ -114,5 +115,19 @@ mod tests {
         // FN weighs 3× FP: a lone accepted draft at 0.2 pulls the threshold down to it.
         let labels = [true, true, true, false, true, false];
         assert_eq!(best_threshold(&scores, &labels), Some(0.2));
+    }
+
+    /// A NaN confidence (from NaN logits that slipped through) must not hang the threshold search. The search
+    /// runs on a thread of its own so that a regression fails here instead of hanging the suite.
+    #[test]
+    fn roc_threshold_search_ends_on_nan() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let scores = [0.9, f32::NAN, 0.7, f32::NAN, 0.2, 0.1];
+            let labels = [true, false, true, true, false, false];
+            tx.send(best_threshold(&scores, &labels)).unwrap();
+        });
+        let t = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the ROC search hung on a NaN score");
+        assert!(t.is_some());
     }
 }

@@ -173,9 +173,10 @@ impl Sampler {
         self.sample(&softmax(logits))
     }
 
-    /// Uniform in [0, 1), for the speculative acceptance test `r <= p/q`.
-    pub fn uniform(&mut self) -> f32 {
-        self.rng.random::<f32>()
+    /// Uniform in the open interval (0, 1), for the speculative acceptance test `r < p/q`: the midpoints of
+    /// 2⁵³ equal cells, so neither 0 (which would accept a token with p = 0) nor 1 can come out.
+    pub fn uniform(&mut self) -> f64 {
+        ((self.rng.random::<u64>() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 }
 
@@ -264,8 +265,8 @@ mod tests {
         let xs: Vec<u32> = (0..100).map(|_| a.sample(&probs)).collect();
         let ys: Vec<u32> = (0..100).map(|_| b.sample(&probs)).collect();
         assert_eq!(xs, ys);
-        let us: Vec<f32> = (0..10).map(|_| a.uniform()).collect();
-        let vs: Vec<f32> = (0..10).map(|_| b.uniform()).collect();
+        let us: Vec<f64> = (0..10).map(|_| a.uniform()).collect();
+        let vs: Vec<f64> = (0..10).map(|_| b.uniform()).collect();
         assert_eq!(us, vs);
         let mut c = Sampler::new(Some(8));
         let zs: Vec<u32> = (0..100).map(|_| c.sample(&probs)).collect();
@@ -314,8 +315,8 @@ mod tests {
         let mut sum = 0.0;
         for _ in 0..10_000 {
             let u = s.uniform();
-            assert!((0.0..1.0).contains(&u));
-            sum += u as f64;
+            assert!(u > 0.0 && u < 1.0, "{u}");
+            sum += u;
         }
         assert!((sum / 10_000.0 - 0.5).abs() < 0.02);
     }

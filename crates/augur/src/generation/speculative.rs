@@ -5,12 +5,12 @@ use std::time::Instant;
 
 use super::config::GenerationConfig;
 use super::cost_model::{CostModel, DraftCap};
-use super::decode::logits_rows;
+use super::decode::{logits_rows, TARGET};
 use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{accept_ensemble, accept_prefix, speculative_sampling, Verdict};
+use super::verify::{Block, Exact, Verdict, Verifier};
 use crate::error::Result;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
@@ -23,12 +23,24 @@ pub fn generate(
     emitter: &mut Emitter<'_, '_>,
     stats: &mut GenerationStats,
 ) -> Result<()> {
+    generate_with(target, drafter, cfg, emitter, stats, &Exact)
+}
+
+/// [`generate`] with another [`Verifier`] (tests swap in broken ones).
+pub fn generate_with(
+    target: &mut dyn CausalLm,
+    drafter: &mut dyn Drafter,
+    cfg: &GenerationConfig,
+    emitter: &mut Emitter<'_, '_>,
+    stats: &mut GenerationStats,
+    verifier: &dyn Verifier,
+) -> Result<()> {
     let start = Instant::now();
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::new(cfg.seed);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
     // cost one block and a head, so they are left uncapped.
-    let mut cost = if cfg.cost_aware_drafting && !drafter.wants_target_hidden() {
+    let mut cost = if cfg.cost_aware() && !drafter.wants_target_hidden() {
         Some(drafter.step_seconds()?.map_or_else(CostModel::new, CostModel::with_drafter_prefill))
     } else {
         None
@@ -72,25 +84,18 @@ pub fn generate(
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
         }
-        let mut rows = logits_rows(&out)?;
+        let mut rows = logits_rows(&out, TARGET, cached + feed.len() - (gamma + 1))?;
 
-        // The target's processors at each position, with the drafted prefix as context (Transformers 3.2).
         let len = emitter.tokens().len();
-        if !processor.is_noop(len) || !processor.is_noop(len + gamma) {
-            let mut context = emitter.tokens().to_vec();
-            for (i, row) in rows.iter_mut().enumerate() {
-                processor.process(&context, row);
-                if i < gamma {
-                    context.push(drafts[i]);
-                }
-            }
-        }
-        let q = draft.q.as_ref().map(|q| &q[..gamma]);
-        let Verdict { accepted, next } = match (processor.do_sample(), cfg.assistant_ensemble_weight, q) {
-            (true, w, q) => speculative_sampling(drafts, &rows, q, w, &mut sampler),
-            (false, Some(w), Some(q)) => accept_ensemble(drafts, &rows, q, w),
-            (false, _, _) => accept_prefix(drafts, &rows),
+        verifier.process(&processor, emitter.tokens(), drafts, &mut rows);
+        let block = Block {
+            drafts,
+            rows: &rows,
+            q: draft.q.as_ref().map(|q| &q[..gamma]),
+            ensemble_weight: cfg.assistant_ensemble_weight,
+            do_sample: processor.do_sample(),
         };
+        let Verdict { accepted, next } = verifier.verdict(&block, &mut sampler);
         let verify_seconds = t1.elapsed().as_secs_f64();
         stats.verify_seconds += verify_seconds;
         if let Some(c) = cost.as_mut() {

@@ -1,7 +1,56 @@
 //! Verification of a block of drafts against the target's distributions: the longest greedy prefix, or
 //! speculative sampling (Algorithm 1 of arXiv 2211.17192) that keeps the target's distribution exactly.
 
+use super::logits::LogitsProcessor;
 use super::sampler::{argmax, softmax, Sampler};
+
+/// One verification forward's rows, as the loop hands them to a [`Verifier`].
+pub struct Block<'a> {
+    /// The drafts, `[γ]`.
+    pub drafts: &'a [u32],
+    /// The target's processed logits, `[γ + 1][vocab]`: one row per draft plus the bonus row.
+    pub rows: &'a [Vec<f32>],
+    /// `q[i]`: the distribution draft `i` was drawn from (`None`: a deterministic drafter, one-hot `q`).
+    pub q: Option<&'a [Vec<f32>]>,
+    /// `assistant_ensemble_weight`, `None` for lossless verification.
+    pub ensemble_weight: Option<f32>,
+    pub do_sample: bool,
+}
+
+/// How the loop turns a verification forward into a verdict. The engine uses [`Exact`] alone; the trait is the
+/// seam through which tests swap in deliberately broken verifiers and show that the suite catches each.
+pub trait Verifier {
+    /// Applies the target's processors to `rows` (`[γ + 1][vocab]`), row `i` with `context` followed by the
+    /// first `i` drafts as its context (Transformers' `_assisted_decoding`, spec 3.2).
+    fn process(&self, processor: &LogitsProcessor, context: &[u32], drafts: &[u32], rows: &mut [Vec<f32>]) {
+        let len = context.len();
+        if processor.is_noop(len) && processor.is_noop(len + drafts.len()) {
+            return;
+        }
+        let mut context = context.to_vec();
+        for (i, row) in rows.iter_mut().enumerate() {
+            processor.process(&context, row);
+            if let Some(&d) = drafts.get(i) {
+                context.push(d);
+            }
+        }
+    }
+
+    /// The verdict on `block`: speculative sampling when sampling, else the greedy (or ensemble) prefix.
+    fn verdict(&self, block: &Block<'_>, sampler: &mut Sampler) -> Verdict {
+        let Block { drafts, rows, q, ensemble_weight, do_sample } = *block;
+        match (do_sample, ensemble_weight, q) {
+            (true, w, q) => speculative_sampling(drafts, rows, q, w, sampler),
+            (false, Some(w), Some(q)) => accept_ensemble(drafts, rows, q, w),
+            (false, _, _) => accept_prefix(drafts, rows),
+        }
+    }
+}
+
+/// The verifier of this module's functions, as Transformers 5.24 verifies (with its listed defects fixed).
+pub struct Exact;
+
+impl Verifier for Exact {}
 
 /// The outcome of one round: how many drafts were accepted, and the target's own token after them (the
 /// correction at the first rejection, or the bonus token when every draft passed).
@@ -43,7 +92,8 @@ pub fn accept_ensemble(drafts: &[u32], logits: &[Vec<f32>], q: &[Vec<f32>], w: f
 
 /// Speculative sampling. `logits` are the processed target logits (one row per draft plus the bonus row);
 /// `q[i]` is the exact distribution draft `i` was sampled from, or `None` for a deterministic drafter
-/// (a one-hot `q`). Draft `x` is accepted with probability `min(1, p(x)/q(x))`; at the first rejection the
+/// (a one-hot `q`). Draft `x` is accepted with probability `min(1, p(x)/q(x))` (never when `p(x) = 0`); at the
+/// first rejection the
 /// token comes from `normalize(max(0, p − q))`; when every draft passes, from the bonus row's `p`.
 ///
 /// With an ensemble weight `w` (and a `q`; Transformers ignores `w` without one) draft `x` is accepted with
@@ -62,14 +112,16 @@ pub fn speculative_sampling(
         let p = softmax(&logits[i]);
         let px = p[d as usize];
         let qx = q.map_or(1.0, |q| q[i][d as usize]);
+        // `r < p/q` with `r` uniform in (0, 1), or `r < 1 − w + w·p/q` with an ensemble weight, written without
+        // the division so that q(x) = 0 (never sampled) cannot divide by zero, and so that w = 1 is exactly the
+        // lossless test. Strict, with `r > 0`, so that a token the target's processors filtered (p(x) = 0) is
+        // never kept.
         let r = sampler.uniform();
-        // `r <= p/q`, or Transformers' `r <= 1 − w + w·p/q` with an ensemble weight, written without the division
-        // so that q(x) = 0 (never sampled) cannot divide by zero, and so that w = 1 is exactly the lossless test.
         let bound = match w {
             Some((a, b)) => b * qx + a * px,
             None => px,
         };
-        let accept = qx > 0.0 && r * qx <= bound;
+        let accept = qx > 0.0 && r * f64::from(qx) < f64::from(bound);
         if accept {
             continue;
         }
@@ -190,5 +242,21 @@ mod tests {
                 assert!((a - b as f64).abs() < 0.01, "{f:?} vs {p:?} for q = {q:?}");
             }
         }
+    }
+
+    /// A draft the target's processors filtered out (p(x) = 0) is never accepted, even by the smallest uniform.
+    /// Seed 8,215,248 is the first whose first `f32` uniform in [0, 1) is 0, which `r·q ≤ p` accepted; found by
+    /// search, and checked here so that the test keeps testing that boundary.
+    #[test]
+    fn a_filtered_draft_is_never_accepted() {
+        use rand::{Rng, SeedableRng};
+        const SEED: u64 = 8_215_248;
+        assert_eq!(rand::rngs::StdRng::seed_from_u64(SEED).random::<f32>(), 0.0);
+        let rows = vec![vec![0.0, f32::NEG_INFINITY], vec![0.0, 0.0]];
+        let q = vec![vec![0.5, 0.5]];
+        let v = speculative_sampling(&[1], &rows, Some(&q), None, &mut Sampler::new(Some(SEED)));
+        assert_eq!(v, Verdict { accepted: 0, next: 0 });
+        let v = speculative_sampling(&[1], &rows, None, None, &mut Sampler::new(Some(SEED)));
+        assert_eq!(v, Verdict { accepted: 0, next: 0 });
     }
 }

@@ -137,3 +137,4 @@ pub fn assert_logits_match(name: &str, model: &mut dyn augur::model::CausalLm, p
         assert!(worst <= 1e-4 * scale.max(1.0), "{name} {:?} position {pos}: max diff {worst} (scale {scale})", p["text"]);
     }
 }
+pub mod exact;

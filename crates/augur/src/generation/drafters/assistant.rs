@@ -13,6 +13,7 @@ use super::autoregressive::Autoregressive;
 use super::{one_step_seconds, Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
+use crate::generation::decode::ASSISTANT;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
 pub struct AssistantModel<'m> {
@@ -41,8 +42,8 @@ impl<'m> AssistantModel<'m> {
         target_vocab: usize,
     ) -> Result<Self> {
         model.truncate(0);
-        let head_rows = (cfg.cost_aware_drafting && model.config().vocab_size > SHORT_HEAD_ABOVE).then_some(SHORT_HEAD_ROWS);
-        Ok(Self { model, drafting: Autoregressive::new(cfg, prompt_len, true)?, target_vocab, head_rows })
+        let head_rows = (cfg.cost_aware() && model.config().vocab_size > SHORT_HEAD_ABOVE).then_some(SHORT_HEAD_ROWS);
+        Ok(Self { model, drafting: Autoregressive::new(cfg, prompt_len, true, ASSISTANT)?, target_vocab, head_rows })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {

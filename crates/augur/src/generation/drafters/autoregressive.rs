@@ -19,13 +19,15 @@ pub(super) struct Autoregressive {
     eos: Vec<u32>,
     /// Whether drafts carry their distributions: for speculative sampling, and for ensemble verification.
     keep_q: bool,
+    /// The drafting model's name in errors.
+    name: &'static str,
 }
 
 impl Autoregressive {
     /// `cfg` is the call's resolved configuration (sampling options, seed, assistant knobs); `prompt_len` is for
     /// the minimum-length processor; `adaptive` is the confidence threshold's ROC update when `cfg` leaves it
-    /// unset.
-    pub fn new(cfg: &GenerationConfig, prompt_len: usize, adaptive: bool) -> Result<Self> {
+    /// unset; `name` names the drafting model in errors.
+    pub fn new(cfg: &GenerationConfig, prompt_len: usize, adaptive: bool, name: &'static str) -> Result<Self> {
         Ok(Self {
             processor: LogitsProcessor::new(cfg, prompt_len)?,
             // A stream of its own, so that drafting does not shift the verifier's random numbers.
@@ -38,6 +40,7 @@ impl Autoregressive {
             ),
             eos: cfg.eos_token_id.clone(),
             keep_q: cfg.do_sample || cfg.assistant_ensemble_weight.is_some(),
+            name,
         })
     }
 
@@ -69,7 +72,7 @@ impl Autoregressive {
         let mut confidences = Vec::with_capacity(max);
         for _ in 0..max {
             let out = model.forward(&feed, opts)?;
-            let mut logits = logits_rows(&out)?.pop().unwrap_or_default();
+            let mut logits = logits_rows(&out, self.name, ctx.len() - 1)?.pop().unwrap_or_default();
             logits.resize(vocab, f32::NEG_INFINITY);
             if !self.processor.is_noop(ctx.len()) {
                 self.processor.process(&ctx, &mut logits);

@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
 
+/// The drafting model's name in errors: the target's own first layers.
+const EARLY_EXIT: &str = "the target model's early-exit draft";
+
 pub struct EarlyExit {
     exit_layer: usize,
     drafting: Autoregressive,
@@ -30,7 +33,7 @@ impl EarlyExit {
                 num_layers.saturating_sub(1)
             )));
         }
-        Ok(Self { exit_layer, drafting: Autoregressive::new(cfg, prompt_len, false)? })
+        Ok(Self { exit_layer, drafting: Autoregressive::new(cfg, prompt_len, false, EARLY_EXIT)? })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {

@@ -9,13 +9,15 @@
 //!   5.24 slices `[:L]` and keeps keys and values of rejected drafts after a partial acceptance;
 //! - with `do_sample` the drafts are sampled from the target's processors applied to the assistant's logits, and
 //!   that exact distribution is returned as `q` (5.24 drafts the argmax but returns the softmax of the raw logits,
-//!   so its speculative sampling is not lossless). Greedy drafting is unchanged: argmax of the raw logits.
+//!   so its speculative sampling is not lossless). Greedy drafting is unchanged: argmax of the raw logits, and
+//!   with `assistant_ensemble_weight` their softmax is the `q` of ensemble verification, as in 5.24.
 
 use candle_core::Tensor;
 
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
+use crate::generation::decode::{check_finite, ASSISTANT};
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::model::gemma4_assistant::{Gemma4Assistant, SharedKv};
@@ -35,6 +37,8 @@ pub struct Gemma4AssistantDrafter<'m> {
     /// The target's final hidden states of its last forward, `[rows, hidden]`, and how many of those rows were
     /// accepted into its cache (the rest belong to rejected drafts). `None` before the first forward.
     hidden: Option<(Tensor, usize)>,
+    /// Whether greedy drafts carry the softmax of the raw logits (ensemble verification needs a `q`).
+    greedy_q: bool,
 }
 
 impl<'m> Gemma4AssistantDrafter<'m> {
@@ -54,6 +58,7 @@ impl<'m> Gemma4AssistantDrafter<'m> {
             num_assistant_tokens: cfg.effective_num_assistant_tokens(),
             target_window,
             hidden: None,
+            greedy_q: cfg.assistant_ensemble_weight.is_some(),
         })
     }
 }
@@ -131,6 +136,7 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
             let e = target.embed_tokens(&[token])?; // [1, hb]
             let input = Tensor::cat(&[&e, &h], 1)?.unsqueeze(0)?; // [1, 1, 2·hb]
             let (mut logits, next_h) = self.model.step(&input, p, &full, &sliding)?;
+            check_finite(&logits, ASSISTANT, ctx.len() - 1)?;
             token = if do_sample {
                 if !self.processor.is_noop(ctx.len()) {
                     self.processor.process(&ctx, &mut logits);
@@ -140,13 +146,16 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
                 qs.push(q);
                 t
             } else {
+                if self.greedy_q {
+                    qs.push(softmax(&logits));
+                }
                 argmax(&logits)
             };
             tokens.push(token);
             ctx.push(token);
             h = next_h;
         }
-        Ok(Draft { tokens, q: do_sample.then_some(qs) })
+        Ok(Draft { tokens, q: (do_sample || self.greedy_q).then_some(qs) })
     }
 
     fn observe(&mut self, _context: &[u32], _proposed: usize, _accepted: usize) -> Result<()> {

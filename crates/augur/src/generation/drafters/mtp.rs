@@ -13,6 +13,7 @@ use candle_core::Tensor;
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
+use crate::generation::decode::check_finite;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::model::mtp::MtpHead;
@@ -29,6 +30,9 @@ pub struct MtpDrafter<'m> {
     history: Option<Tensor>,
     first_round: bool,
     last_accepted: usize,
+    /// Whether drafts carry their distributions: for speculative sampling, and for ensemble verification (5.24
+    /// returns the MTP layers' processed logits in both modes).
+    keep_q: bool,
 }
 
 impl<'m> MtpDrafter<'m> {
@@ -46,6 +50,7 @@ impl<'m> MtpDrafter<'m> {
             history: None,
             first_round: true,
             last_accepted: 0,
+            keep_q: cfg.do_sample || cfg.assistant_ensemble_weight.is_some(),
         })
     }
 }
@@ -102,20 +107,21 @@ impl Drafter for MtpDrafter<'_> {
             hidden = self.head.forward_layer(k, &ids, &hidden, first + k)?;
             let last = hidden.dim(0)? - 1;
             let mut logits = self.head.logits(&hidden.get(last)?)?;
+            check_finite(&logits, "the target model's MTP layers", ctx.len() - 1)?;
             if !self.processor.is_noop(ctx.len()) {
                 self.processor.process(&ctx, &mut logits);
             }
             let q = softmax(&logits);
             let token = if do_sample { self.sampler.sample(&q) } else { argmax(&logits) };
             tokens.push(token);
-            if do_sample {
+            if self.keep_q {
                 qs.push(q);
             }
             ctx.push(token);
             ids.remove(0);
             ids.push(token);
         }
-        Ok(Draft { tokens, q: do_sample.then_some(qs) })
+        Ok(Draft { tokens, q: self.keep_q.then_some(qs) })
     }
 
     fn observe(&mut self, _context: &[u32], _proposed: usize, accepted: usize) -> Result<()> {

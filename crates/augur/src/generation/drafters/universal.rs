@@ -18,7 +18,7 @@
 use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
-use crate::generation::decode::logits_rows;
+use crate::generation::decode::{logits_rows, ASSISTANT};
 use crate::generation::draft_length::DraftLength;
 use crate::generation::sampler::{argmax, softmax};
 use crate::model::{CausalLm, ForwardOptions, LogitRows};
@@ -87,7 +87,7 @@ impl<'m> CachedAssistant<'m> {
         self.cached.truncate(keep);
         let out = self.model.forward(&ids[keep..], &ForwardOptions::logits(LogitRows::Last(1)))?;
         self.cached.extend_from_slice(&ids[keep..]);
-        Ok(logits_rows(&out)?.pop().unwrap_or_default())
+        Ok(logits_rows(&out, ASSISTANT, ids.len() - 1)?.pop().unwrap_or_default())
     }
 
     /// [`Drafter::step_seconds`] while nothing is cached yet.

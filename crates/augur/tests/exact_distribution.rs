@@ -1,0 +1,532 @@
+//! Speculative sampling keeps the target's exact distribution, for every drafter, and the lossy ensemble keeps
+//! its mixture: on the tiny fixtures with a small support (top-k), the exact distribution of the first four
+//! tokens is enumerated through the target (and the drafter, for the ensemble), and the histogram of seeded
+//! speculative draws is tested against it (Pearson's chi-square, α = 10⁻³).
+//!
+//! Power: each test draws as many continuations as give it power 0.99 against any deviation at chi-square distance
+//! `Σ (p'−p)²/p ≥ 0.01` (for example a 10% relative error on every cell, half up and half down, or 20% on cells
+//! holding a quarter of the mass); [`exact::draws_for_power`] computes the draws from the cells' degrees of
+//! freedom, and each test prints them. A drawn continuation of exact probability 0 fails the test outright.
+//!
+//! Each test also asserts that what it tests happened: every draw had a round that drafted the stated number of
+//! positions, and drafts were both accepted and rejected. Cost-aware drafting is off: it drafts or not on measured
+//! seconds, and these tests must follow Transformers' rounds.
+//!
+//! The mutation tests at the end swap deliberately broken verifiers (and a broken drafter) into the same tests,
+//! with the same draws, and assert that the test then fails.
+
+mod common;
+
+use augur::generation::config::{GenerationConfig, GenerationOptions};
+use augur::generation::drafters::{
+    AssistantModel, Draft, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalSampling,
+};
+use augur::generation::logits::LogitsProcessor;
+use augur::generation::output::{Emitter, GenerationOutput, GenerationStats};
+use augur::generation::sampler::{softmax, Sampler};
+use augur::generation::speculative;
+use augur::generation::verify::{self, Block, Verdict, Verifier};
+use augur::model::gemma4_assistant::Gemma4Assistant;
+use augur::model::mtp::MtpHead;
+use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::pipeline::LoadedLm;
+use common::exact::{self, Distribution, Histogram};
+use common::*;
+
+const TOKENS: usize = 4;
+/// A prompt with a repeated bigram, so that prompt lookup drafts three tokens in the first round.
+const PROMPT: [u32; 9] = [297, 346, 370, 319, 265, 280, 297, 346, 370];
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Method {
+    Assistant,
+    Lookup,
+    EarlyExit(usize),
+    Mtp,
+    /// The first of a two-layer checkpoint's MTP layers alone: a one-layer MTP drafter on a 3-layer target (the
+    /// one-layer fixtures keep 61 and 46 decoder layers, where Transformers looks for them, and draw too slowly).
+    MtpFirstLayer,
+    Gemma4,
+    Universal,
+}
+
+/// One distribution test: the models, the drafter, the options, and how many positions a round must have drafted
+/// in every draw.
+struct Case {
+    name: &'static str,
+    target: &'static str,
+    assistant: Option<&'static str>,
+    method: Method,
+    options: GenerationOptions,
+    prompt: Vec<u32>,
+    /// Every draw has a round that drafted at least this many positions.
+    min_round: usize,
+}
+
+/// Seeded sampling of [`TOKENS`] tokens from a top-3 distribution at temperature 1.5, three drafts a round, no
+/// confidence stop, no EOS, cost-aware drafting off.
+fn sampling() -> GenerationOptions {
+    GenerationOptions {
+        do_sample: Some(true),
+        top_k: Some(3),
+        temperature: Some(1.5),
+        num_assistant_tokens: Some(3),
+        num_assistant_tokens_schedule: Some("constant".into()),
+        assistant_confidence_threshold: Some(0.0),
+        cost_aware_drafting: Some(false),
+        ..greedy(TOKENS)
+    }
+}
+
+fn case(name: &'static str, method: Method, options: GenerationOptions) -> Case {
+    let (target, assistant, min_round) = match method {
+        Method::Assistant => ("tiny-llama", Some("tiny-llama-assistant"), 3),
+        Method::Lookup => ("tiny-llama", None, 3),
+        Method::EarlyExit(_) => ("tiny-llama", None, 3),
+        Method::Mtp => ("tiny-deepseek-v3-mtp2", None, 2),
+        Method::MtpFirstLayer => ("tiny-deepseek-v3-mtp2", None, 1),
+        Method::Gemma4 => ("tiny-gemma4", Some("tiny-gemma4-assistant"), 2),
+        Method::Universal => ("tiny-llama", Some("tiny-qwen2-metaspace"), 3),
+    };
+    let options = match method {
+        Method::Lookup => GenerationOptions { prompt_lookup_num_tokens: Some(3), ..options },
+        Method::EarlyExit(l) => GenerationOptions { assistant_early_exit: Some(l), ..options },
+        Method::Mtp | Method::MtpFirstLayer => GenerationOptions { use_mtp: Some(true), ..options },
+        _ => options,
+    };
+    let prompt = if method == Method::Lookup { lookup_prompt(&options) } else { PROMPT.to_vec() };
+    Case { name, target, assistant, method, options, prompt, min_round }
+}
+
+/// `a b d x y z a b`: prompt lookup drafts `d x y` after it. `d` is the token the target itself gives the most
+/// probability after that very prompt under `options`' processors (searched over the vocabulary), so that the first draft is often accepted
+/// and both paths of the verifier run.
+fn lookup_prompt(options: &GenerationOptions) -> Vec<u32> {
+    let with = |d: u32| vec![297, 346, d, 319, 265, 280, 297, 346];
+    let cfg = GenerationConfig::from_options(options);
+    let mut lm = load(&fixtures().join("tiny-llama"), false);
+    let vocab = lm.config().vocab_size;
+    let p = |lm: &mut LoadedLm, d: u32| exact::next_distribution(lm.model.as_mut(), &cfg, 8, &with(d), None, vocab)[d as usize];
+    let best = (0..vocab as u32).max_by(|&a, &b| p(&mut lm, a).total_cmp(&p(&mut lm, b))).unwrap();
+    with(best)
+}
+
+/// The first layer of an MTP head alone.
+struct FirstLayer<'a>(&'a mut dyn MtpHead);
+
+impl MtpHead for FirstLayer<'_> {
+    fn num_layers(&self) -> usize {
+        1
+    }
+    fn forward_layer(&mut self, k: usize, tokens: &[u32], hidden: &augur::Tensor, first: usize) -> augur::Result<augur::Tensor> {
+        self.0.forward_layer(k, tokens, hidden, first)
+    }
+    fn logits(&self, row: &augur::Tensor) -> augur::Result<Vec<f32>> {
+        self.0.logits(row)
+    }
+    fn cache_len(&mut self, k: usize) -> usize {
+        self.0.cache_len(k)
+    }
+    fn truncate(&mut self, k: usize, len: usize) {
+        self.0.truncate(k, len)
+    }
+}
+
+struct Models {
+    target: LoadedLm,
+    assistant: Option<LoadedLm>,
+}
+
+impl Models {
+    fn load(case: &Case) -> Self {
+        Models { target: load(&fixtures().join(case.target), false), assistant: case.assistant.map(|a| load(&fixtures().join(a), false)) }
+    }
+}
+
+/// A drafter whose `q` is taken before its processors (the softmax of the assistant's raw logits), while its
+/// tokens are still drawn from the processed distribution: mutation 5.
+struct RawQ<'a> {
+    inner: Box<dyn Drafter + 'a>,
+    raw: &'a mut dyn CausalLm,
+    vocab: usize,
+}
+
+impl Drafter for RawQ<'_> {
+    fn method(&self) -> &'static str {
+        "raw_q"
+    }
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> augur::Result<Draft> {
+        let mut d = self.inner.propose(target, context, max)?;
+        if let (Some(q), false) = (d.q.as_mut(), d.tokens.is_empty()) {
+            let mut feed = context.to_vec();
+            feed.extend_from_slice(&d.tokens[..d.tokens.len() - 1]);
+            self.raw.truncate(0);
+            let out = self.raw.forward(&feed, &ForwardOptions::logits(LogitRows::Last(d.tokens.len())))?;
+            for (qi, mut row) in q.iter_mut().zip(out.logits.unwrap().to_vec2::<f32>()?) {
+                row.resize(self.vocab, f32::NEG_INFINITY);
+                *qi = softmax(&row);
+            }
+        }
+        Ok(d)
+    }
+    fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> augur::Result<()> {
+        self.inner.observe(context, proposed, accepted)
+    }
+    fn wants_target_hidden(&self) -> bool {
+        self.inner.wants_target_hidden()
+    }
+    fn target_hidden(&mut self, hidden: &augur::Tensor, rows: usize) -> augur::Result<()> {
+        self.inner.target_hidden(hidden, rows)
+    }
+}
+
+/// One seeded speculative generation of `case`, with `verifier`; with `raw` (a second copy of the assistant),
+/// the drafter reports its raw `q` (mutation 5).
+fn run(m: &mut Models, case: &Case, seed: u64, verifier: &dyn Verifier, raw: Option<&mut LoadedLm>) -> GenerationOutput {
+    let opts = GenerationOptions { seed: Some(seed), ..case.options.clone() };
+    let cfg = GenerationConfig::from_options(&opts);
+    let prompt = &case.prompt;
+    let target = &mut m.target;
+    let vocab = target.config().vocab_size;
+    target.model.truncate(0);
+    let mut first_layer;
+    let mut drafter: Box<dyn Drafter + '_> = match case.method {
+        Method::Assistant => {
+            Box::new(AssistantModel::new(m.assistant.as_mut().unwrap().model.as_mut(), &cfg, prompt.len(), vocab).unwrap())
+        }
+        Method::Lookup => Box::new(PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone()).unwrap()),
+        Method::EarlyExit(l) => Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, prompt.len()).unwrap()),
+        Method::Mtp => Box::new(MtpDrafter::new(target.mtp.as_mut().unwrap().as_mut(), &cfg, prompt.len()).unwrap()),
+        Method::MtpFirstLayer => {
+            first_layer = FirstLayer(target.mtp.as_mut().unwrap().as_mut());
+            Box::new(MtpDrafter::new(&mut first_layer, &cfg, prompt.len()).unwrap())
+        }
+        Method::Gemma4 => {
+            let a = m.assistant.as_mut().unwrap().model.as_any_mut().unwrap().downcast_ref::<Gemma4Assistant>().unwrap();
+            Box::new(Gemma4AssistantDrafter::new(a, &cfg, prompt.len(), target.config().sliding_window).unwrap())
+        }
+        Method::Universal => {
+            let a = m.assistant.as_mut().unwrap();
+            Box::new(UniversalSampling::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &cfg, prompt.len(), vocab).unwrap())
+        }
+    };
+    if let Some(raw) = raw {
+        drafter = Box::new(RawQ { inner: drafter, raw: raw.model.as_mut(), vocab });
+    }
+    let max_new = cfg.max_new_tokens.unwrap();
+    let mut emitter = Emitter::new(&target.tokenizer, prompt, max_new, cfg.eos_token_id.clone(), vec![], None);
+    let mut stats = GenerationStats::default();
+    speculative::generate_with(target.model.as_mut(), drafter.as_mut(), &cfg, &mut emitter, &mut stats, verifier).unwrap();
+    drop(drafter);
+    emitter.into_output(stats)
+}
+
+/// What the draws of a case did, beyond their tokens.
+#[derive(Default, Debug)]
+struct Drafting {
+    /// Draws with a round that drafted at least [`Case::min_round`] positions.
+    full_rounds: usize,
+    accepted: usize,
+    rejected: usize,
+}
+
+/// `draws` seeded generations of `case` with `verifier`, their histogram and what drafting did.
+fn draw(case: &Case, draws: usize, verifier: &dyn Verifier, raw_q: bool) -> (Histogram, Drafting) {
+    let mut m = Models::load(case);
+    let mut raw = raw_q.then(|| load(&fixtures().join(case.assistant.unwrap()), false));
+    let mut d = Drafting::default();
+    let h = histogram(draws, |s| {
+        let out = run(&mut m, case, s, verifier, raw.as_mut());
+        d.full_rounds += out.stats.rounds.iter().any(|&(g, _)| g >= case.min_round) as usize;
+        for &(g, n) in &out.stats.rounds {
+            d.accepted += n.min(g);
+            d.rejected += (n < g) as usize;
+        }
+        out.tokens
+    });
+    (h, d)
+}
+
+/// The exact distribution of `case`'s output: the target's for lossless verification, else the ensemble's
+/// mixture walk (an assistant model or early exit as the drafter).
+fn exact_distribution(case: &Case) -> Distribution {
+    let cfg = GenerationConfig::from_options(&case.options);
+    let mut target = load(&fixtures().join(case.target), false);
+    let vocab = target.config().vocab_size;
+    let n = cfg.max_new_tokens.unwrap();
+    let prompt_len = case.prompt.len();
+    let mut p = |ctx: &[u32]| exact::next_distribution(target.model.as_mut(), &cfg, prompt_len, ctx, None, vocab);
+    let Some(w) = cfg.assistant_ensemble_weight else {
+        return exact::plain(&case.prompt, n, &cfg.eos_token_id, &mut p);
+    };
+    let k = cfg.effective_num_assistant_tokens();
+    match case.method {
+        Method::Assistant => {
+            let mut a = load(&fixtures().join(case.assistant.unwrap()), false);
+            let mut q = |ctx: &[u32]| exact::next_distribution(a.model.as_mut(), &cfg, prompt_len, ctx, None, vocab);
+            exact::ensemble(&case.prompt, n, k, w as f64, &mut p, &mut q)
+        }
+        Method::EarlyExit(l) => {
+            let mut t = load(&fixtures().join(case.target), false);
+            let mut q = |ctx: &[u32]| exact::next_distribution(t.model.as_mut(), &cfg, prompt_len, ctx, Some(l), vocab);
+            exact::ensemble(&case.prompt, n, k, w as f64, &mut p, &mut q)
+        }
+        other => panic!("no ensemble walk for {other:?}"),
+    }
+}
+
+/// The test itself, with `verifier` in the loop: the fit of the draws to the exact distribution, and what
+/// drafting did.
+fn test_case(case: &Case, verifier: &dyn Verifier, raw_q: bool) -> (exact::Fit, Drafting, usize) {
+    let exact = exact_distribution(case);
+    let total: f64 = exact.values().sum();
+    assert!((total - 1.0).abs() < 1e-4, "{}: the enumeration sums to {total}", case.name);
+    assert!(exact.len() > 10, "{}: the test needs a spread distribution, got {} outcomes", case.name, exact.len());
+    let draws = exact::draws_for_power(&exact);
+    let (h, drafting) = draw(case, draws, verifier, raw_q);
+    (exact::fit(&h, &exact), drafting, draws)
+}
+
+/// A case passes with the engine's verifier, and drafting did what the test is about.
+fn check(case: Case) {
+    // The harness runs what the pipeline runs: the same tokens for the same seeds (the pipeline cannot run one
+    // layer of a two-layer MTP head).
+    let mut pipe = pipeline(case.target, case.assistant);
+    let mut m = Models::load(&case);
+    for seed in (0..8).filter(|_| case.method != Method::MtpFirstLayer) {
+        let opts = GenerationOptions { seed: Some(seed), ..case.options.clone() };
+        let want = pipe.generate_ids(&case.prompt, &opts, None).unwrap();
+        let got = run(&mut m, &case, seed, &verify::Exact, None);
+        assert_eq!(got.tokens, want.tokens, "{}: harness and pipeline differ at seed {seed}", case.name);
+        assert_eq!(got.stats.method, want.stats.method, "{}", case.name);
+    }
+    let (fit, d, draws) = test_case(&case, &verify::Exact, false);
+    println!("{}: {draws} draws, {} degrees of freedom, chi-square {:.1} (critical {:.1}), {d:?}", case.name, fit.df, fit.statistic, fit.critical);
+    assert_eq!(d.full_rounds, draws, "{}: only {} of {draws} draws drafted {} positions in a round", case.name, d.full_rounds, case.min_round);
+    // Both paths of the verifier ran often enough to matter.
+    assert!(d.accepted > draws / 20 && d.rejected > draws / 50, "{}: accepted {} drafts, rejected {} rounds", case.name, d.accepted, d.rejected);
+    assert!(fit.passes(), "{}: {fit:?}", case.name);
+}
+
+#[test]
+fn assistant_model() {
+    check(case("assistant model", Method::Assistant, sampling()));
+}
+
+#[test]
+fn prompt_lookup() {
+    check(case("prompt lookup", Method::Lookup, sampling()));
+}
+
+#[test]
+fn early_exit() {
+    check(case("early exit", Method::EarlyExit(1), sampling()));
+}
+
+#[test]
+fn mtp_one_layer() {
+    check(case("MTP, one layer", Method::MtpFirstLayer, sampling()));
+}
+
+#[test]
+fn mtp_two_layers() {
+    check(case("MTP, two layers", Method::Mtp, sampling()));
+}
+
+#[test]
+fn gemma4_assistant() {
+    check(case("Gemma 4 assistant", Method::Gemma4, sampling()));
+}
+
+#[test]
+fn universal_sampling() {
+    check(case("universal sampling", Method::Universal, sampling()));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Processors that read the context, with drafted positions inside the block
+
+fn repetition_penalty(penalty: f32) -> GenerationOptions {
+    GenerationOptions { repetition_penalty: Some(penalty), ..sampling() }
+}
+
+/// EOS allowed from the third new token on: it can end the sequence at the last draft of the first round.
+fn min_new_tokens() -> GenerationOptions {
+    GenerationOptions { min_new_tokens: Some(2), eos_token_id: Some(vec![likely_eos()]), ..sampling() }
+}
+
+/// The token plain sampling most often draws third (so that EOS lands inside the first block often).
+fn likely_eos() -> u32 {
+    let case = case("", Method::Assistant, sampling());
+    let exact = exact_distribution(&case);
+    let mut third = std::collections::HashMap::<u32, f64>::new();
+    for (seq, p) in &exact {
+        *third.entry(seq[2]).or_default() += p;
+    }
+    third.into_iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0
+}
+
+#[test]
+fn assistant_with_repetition_penalty() {
+    check(case("assistant, repetition penalty", Method::Assistant, repetition_penalty(3.0)));
+}
+
+#[test]
+fn prompt_lookup_with_repetition_penalty() {
+    // Milder: lookup drafts only tokens of the context, which a strong penalty keeps out of the top 3.
+    check(case("prompt lookup, repetition penalty", Method::Lookup, repetition_penalty(1.3)));
+}
+
+#[test]
+fn assistant_with_top_p() {
+    let opts = GenerationOptions { top_k: Some(6), top_p: Some(0.7), temperature: Some(1.3), ..sampling() };
+    check(case("assistant, top-p", Method::Assistant, opts));
+}
+
+#[test]
+fn assistant_with_min_p() {
+    let opts = GenerationOptions { top_k: Some(4), min_p: Some(0.3), ..sampling() };
+    check(case("assistant, min-p", Method::Assistant, opts));
+}
+
+#[test]
+fn assistant_with_min_new_tokens_and_eos_in_the_block() {
+    let c = case("assistant, min_new_tokens", Method::Assistant, min_new_tokens());
+    let eos = c.options.eos_token_id.clone().unwrap();
+    let exact = exact_distribution(&c);
+    let early: f64 = exact.iter().filter(|(s, _)| s.len() < TOKENS).map(|(_, p)| p).sum();
+    assert!(early > 0.1, "EOS {eos:?} ends only {early:.3} of the mass early");
+    assert!(exact.keys().all(|s| s.len() >= 3), "EOS before the third token");
+    check(c);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The lossy ensemble follows its mixture ν, not the target
+
+fn ensemble(name: &'static str, method: Method, w: f32) {
+    let weighted = || case(name, method, GenerationOptions { assistant_ensemble_weight: Some(w), ..sampling() });
+    let lossless = exact_distribution(&case(name, method, sampling()));
+    let mixture = exact_distribution(&weighted());
+    check(weighted());
+    if method == Method::Assistant {
+        // This assistant is so close to the target that ν is too (checked only for early exit, below).
+        return;
+    }
+    // And it is not the target's: the same draws fail against p.
+    let (h, _) = draw(&weighted(), exact::draws_for_power(&mixture), &verify::Exact, false);
+    let fit = exact::fit(&h, &lossless);
+    assert!(!fit.passes(), "{name}: w = {w} cannot be told from the target: {fit:?}");
+}
+
+#[test]
+fn ensemble_with_the_assistant_follows_the_mixture() {
+    ensemble("assistant ensemble, w = 0.3", Method::Assistant, 0.3);
+}
+
+#[test]
+fn ensemble_with_early_exit_follows_the_mixture() {
+    ensemble("early-exit ensemble, w = 0.5", Method::EarlyExit(1), 0.5);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Mutations: the same tests, with the same draws, fail on deliberately broken verifiers
+
+/// Speculative sampling with one defect switched on.
+#[derive(Clone, Copy, PartialEq)]
+enum Broken {
+    /// Accept with `min(1, q/p)` instead of `min(1, p/q)`.
+    InverseRatio,
+    /// Resample a rejection from `p` instead of `[p − q]⁺`.
+    ResidualP,
+    /// Draw the bonus token after a fully accepted block from the last draft's `q`.
+    BonusFromQ,
+    /// Apply the processors to every row with the context before the block (the drafts left out).
+    ContextBeforeBlock,
+}
+
+impl Verifier for Broken {
+    fn process(&self, processor: &LogitsProcessor, context: &[u32], drafts: &[u32], rows: &mut [Vec<f32>]) {
+        if *self != Broken::ContextBeforeBlock {
+            return verify::Exact.process(processor, context, drafts, rows);
+        }
+        for row in rows {
+            processor.process(context, row);
+        }
+    }
+
+    fn verdict(&self, block: &Block<'_>, sampler: &mut Sampler) -> Verdict {
+        if *self == Broken::ContextBeforeBlock {
+            return verify::Exact.verdict(block, sampler);
+        }
+        let Block { drafts, rows, q, .. } = *block;
+        let one_hot = |d: u32, n: usize| (0..n).map(|i| (i == d as usize) as u8 as f32).collect::<Vec<f32>>();
+        for (i, &d) in drafts.iter().enumerate() {
+            let p = softmax(&rows[i]);
+            let qi = q.map_or_else(|| one_hot(d, p.len()), |q| q[i].clone());
+            let (px, qx) = (p[d as usize] as f64, qi[d as usize] as f64);
+            let r = sampler.uniform();
+            let accept = match self {
+                Broken::InverseRatio => r * px < qx,
+                _ => r * qx < px,
+            };
+            if !accept {
+                let residual: Vec<f32> = match self {
+                    Broken::ResidualP => p,
+                    _ => p.iter().zip(&qi).map(|(a, b)| (a - b).max(0.0)).collect(),
+                };
+                return Verdict { accepted: i, next: sampler.sample(&residual) };
+            }
+        }
+        let bonus = match (self, q) {
+            (Broken::BonusFromQ, Some(q)) if !drafts.is_empty() => q[drafts.len() - 1].clone(),
+            _ => softmax(&rows[drafts.len()]),
+        };
+        Verdict { accepted: drafts.len(), next: sampler.sample(&bonus) }
+    }
+}
+
+fn assert_caught(case: Case, verifier: &dyn Verifier, raw_q: bool, what: &str) {
+    let (fit, d, draws) = test_case(&case, verifier, raw_q);
+    println!("{what} on {}: {draws} draws, chi-square {:.1} (critical {:.1}), {} impossible", case.name, fit.statistic, fit.critical, fit.impossible);
+    assert!(d.full_rounds == draws, "{what}: the mutant did not draft as the test expects");
+    assert!(!fit.passes(), "{what} went unnoticed by the {} test: {fit:?}", case.name);
+}
+
+#[test]
+fn acceptance_with_q_over_p_is_caught() {
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::InverseRatio, false, "min(1, q/p)");
+}
+
+#[test]
+fn residual_p_is_caught() {
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::ResidualP, false, "residual p");
+}
+
+#[test]
+fn bonus_from_q_is_caught() {
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::BonusFromQ, false, "bonus from q");
+}
+
+#[test]
+fn processors_without_the_drafted_prefix_are_caught() {
+    let c = case("assistant, repetition penalty", Method::Assistant, repetition_penalty(3.0));
+    assert_caught(c, &Broken::ContextBeforeBlock, false, "context before the block");
+}
+
+#[test]
+fn q_before_the_drafters_processors_is_caught() {
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &verify::Exact, true, "q before processors");
+}
+
+#[test]
+fn the_power_arithmetic_is_right() {
+    // Central quantiles at 0.999 and the noncentrality giving power 0.99 at α = 0.001, from scipy.stats (chi2.ppf,
+    // and brentq over ncx2.sf): df 10 → 29.588 and λ 49.52; df 40 → λ 74.42; df 63 → λ 87.00.
+    // Wilson–Hilferty is within 1% of the quantile from 10 degrees of freedom on.
+    assert!((exact::chi_square_quantile(10.0, 0.999) / 29.588 - 1.0).abs() < 0.01);
+    assert!((exact::chi_square_quantile(50.0, 0.999) / 86.661 - 1.0).abs() < 0.01);
+    for (df, lambda) in [(10.0, 49.52), (40.0, 74.42), (63.0, 87.00)] {
+        let ours = exact::lambda_for_power(df);
+        assert!((ours / lambda - 1.0).abs() < 0.03, "df {df}: λ {ours} against scipy's {lambda}");
+    }
+}
