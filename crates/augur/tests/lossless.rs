@@ -190,3 +190,26 @@ fn stop_strings_inside_lookup_blocks_cut_like_plain_decoding() {
     }
     assert!(checked >= 2, "only {checked} prompts had a lookup block to stop inside");
 }
+
+/// A stop string that begins in the prompt and is completed by the first new token stops there, as
+/// Transformers' `StopStringCriteria` (which reads the whole sequence) stops it; speculation stops at the same
+/// token.
+#[test]
+fn a_stop_string_may_begin_in_the_prompt() {
+    let mut pipe = pipeline("tiny-llama", None);
+    let input = &prompts(300)[2];
+    let free = plain("tiny-llama", input, &greedy(10));
+    let tokenizer = &pipe.target.tokenizer;
+    let prompt_text = tokenizer.decode(input, false).unwrap();
+    let first = tokenizer.decode(&free[..1], true).unwrap();
+    assert!(!first.is_empty() && prompt_text.len() >= 2);
+    let head: String = prompt_text.chars().rev().take(2).collect::<Vec<_>>().into_iter().rev().collect();
+    let stop = format!("{head}{}", first.chars().next().unwrap());
+    assert!(!first.contains(&stop), "the stop string {stop:?} must begin in the prompt");
+    let opts = GenerationOptions { stop_strings: Some(vec![stop.clone()]), ..greedy(10) };
+    let want = pipe.generate_ids(input, &opts, None).unwrap();
+    assert_eq!(want.tokens, free[..1], "stop string {stop:?}");
+    assert_eq!(want.finish_reason.as_str(), "stop");
+    let lookup = GenerationOptions { prompt_lookup_num_tokens: Some(4), cost_aware_drafting: Some(false), ..opts };
+    assert_eq!(pipe.generate_ids(input, &lookup, None).unwrap().tokens, want.tokens);
+}

@@ -285,6 +285,10 @@ impl GenerationConfig {
                 ));
             }
         }
+        // Not a Transformers check: an empty stop string would end every generation after its first token.
+        if self.stop_strings.iter().any(String::is_empty) {
+            return err("`stop_strings` must not contain an empty string".to_string());
+        }
         let rp = self.repetition_penalty;
         if rp != 1.0 && !strictly_positive(rp) {
             return err(format!("`penalty` has to be a strictly positive float, but is {}", py_float(rp)));
@@ -442,6 +446,14 @@ mod tests {
             Err(Error::InvalidOption(m)) => m,
             other => panic!("expected InvalidOption, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_empty_stop_string_is_refused() {
+        let c = GenerationConfig { stop_strings: vec!["\n".into(), String::new()], ..Default::default() };
+        assert_eq!(msg(&c), "`stop_strings` must not contain an empty string");
+        let c = GenerationConfig { stop_strings: vec!["\n".into()], ..Default::default() };
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::stopping::FinishReason;
+use super::stopping::{FinishReason, StopStrings};
 use crate::error::Result;
 use crate::tokenizer::{TextStream, Tokenizer};
 
@@ -68,7 +68,7 @@ pub struct Emitter<'t, 's> {
     prompt_len: usize,
     max_new_tokens: usize,
     eos: Vec<u32>,
-    stop_strings: Vec<String>,
+    stops: StopStrings,
     stream: TextStream<'t>,
     text: String,
     sink: Option<&'s mut dyn FnMut(&str)>,
@@ -85,12 +85,20 @@ impl<'t, 's> Emitter<'t, 's> {
         stop_strings: Vec<String>,
         sink: Option<&'s mut dyn FnMut(&str)>,
     ) -> Self {
+        let mut stops = StopStrings::new(stop_strings);
+        if !stops.is_empty() {
+            // A stop string may begin in the prompt, as Transformers' `StopStringCriteria` reads the whole
+            // sequence; its last tokens hold every byte a stop string could begin with.
+            let longest = stops.strings().iter().map(String::len).max().unwrap_or(0);
+            let tail = &prompt[prompt.len().saturating_sub(longest)..];
+            stops.prime(&tokenizer.decode(tail, false).unwrap_or_default());
+        }
         Emitter {
             tokens: prompt.to_vec(),
             prompt_len: prompt.len(),
             max_new_tokens,
             eos,
-            stop_strings,
+            stops,
             stream: tokenizer.stream(true),
             text: String::new(),
             sink,
@@ -133,17 +141,6 @@ impl<'t, 's> Emitter<'t, 's> {
         self.text.push_str(&chunk);
     }
 
-    /// Whether a stop string ends inside the text added since byte `from`.
-    fn stop_string_in(&self, from: usize) -> Option<String> {
-        self.stop_strings.iter().find_map(|s| {
-            let mut start = from.saturating_sub(s.len().saturating_sub(1));
-            while !self.text.is_char_boundary(start) {
-                start -= 1;
-            }
-            self.text[start..].contains(s.as_str()).then(|| s.clone())
-        })
-    }
-
     /// Appends `block` token by token and returns how many tokens were kept: all of them, or up to and
     /// including the token that ends the sequence (an EOS, the last token of the budget, or the token that
     /// completes a stop string).
@@ -158,12 +155,11 @@ impl<'t, 's> Emitter<'t, 's> {
             if self.eos.contains(&t) {
                 self.finish = Some(FinishReason::Eos);
             } else {
-                let before = self.text.len();
                 let chunk = self.stream.push(t)?;
-                self.emit(chunk);
-                if let Some(s) = self.stop_string_in(before) {
-                    self.finish = Some(FinishReason::StopString(s));
+                if let Some(hit) = self.stops.push(&chunk) {
+                    self.finish = Some(FinishReason::StopString(hit.stop));
                 }
+                self.emit(chunk);
             }
             if self.finish.is_none() && self.generated().len() >= self.max_new_tokens {
                 self.finish = Some(FinishReason::Length);
