@@ -147,18 +147,24 @@ fn early_exit_is_lossless() {
             let want = pipe.generate_ids(input, &base, None).unwrap().tokens;
             for exit in 1..layers {
                 let settings = [(1, "constant", 0.0), (3, "constant", 0.0), (4, "heuristic", 0.0), (20, "constant", 0.4)];
-                for (k, schedule, threshold) in settings {
+                for ((k, schedule, threshold), cost_aware) in settings.into_iter().flat_map(|s| [(s, false), (s, true)]) {
                     let opts = GenerationOptions {
                         assistant_early_exit: Some(exit),
                         num_assistant_tokens: Some(k),
                         num_assistant_tokens_schedule: Some(schedule.into()),
                         assistant_confidence_threshold: Some(threshold),
+                        cost_aware_drafting: Some(cost_aware),
                         ..base.clone()
                     };
                     let out = pipe.generate_ids(input, &opts, None).unwrap();
-                    assert_eq!(out.tokens, want, "{target} prompt {i} L={exit} k={k} {schedule} threshold {threshold}");
+                    let what = format!("{target} prompt {i} L={exit} k={k} {schedule} threshold {threshold} cost-aware {cost_aware}");
+                    assert_eq!(out.tokens, want, "{what}");
                     assert_eq!(out.stats.method, "early_exit");
-                    assert!(out.stats.drafted > 0);
+                    assert!(out.stats.drafted > 0, "{what}");
+                    if !cost_aware && k >= 3 && threshold == 0.0 && schedule == "constant" {
+                        let long = out.stats.rounds.iter().filter(|&&(g, _)| g >= 3).count();
+                        assert!(long >= 3, "{what}: rounds {:?}", out.stats.rounds);
+                    }
                 }
             }
         }

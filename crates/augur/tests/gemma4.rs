@@ -206,11 +206,18 @@ fn assisted_greedy_is_lossless() {
         let input = ids(&p["input_ids"]);
         for max_new in [1, 2, 7, 30] {
             let want = plain.generate_ids(&input, &greedy(max_new), None).unwrap().tokens;
-            for k in [1, 2, 4, 8] {
-                let o = GenerationOptions { num_assistant_tokens: Some(k), ..greedy(max_new) };
+            for (k, cost_aware) in [1, 2, 4, 8].into_iter().flat_map(|k| [(k, false), (k, true)]) {
+                let o = GenerationOptions { num_assistant_tokens: Some(k), cost_aware_drafting: Some(cost_aware), ..greedy(max_new) };
                 let out = pipe.generate_ids(&input, &o, None).unwrap();
-                assert_eq!(out.tokens, want, "k = {k}, max_new = {max_new}, prompt {input:?}");
+                assert_eq!(out.tokens, want, "k = {k}, max_new = {max_new}, cost-aware {cost_aware}, prompt {input:?}");
                 assert_eq!(out.stats.method, "gemma4_assistant");
+                // The prefill round drafts nothing; every later round drafts min(k, budget left − 1).
+                if max_new >= 3 {
+                    assert!(out.stats.drafted > 0, "k = {k}, max_new = {max_new}: nothing drafted");
+                }
+                if k >= 4 && max_new == 30 {
+                    assert!(out.stats.rounds.iter().any(|&(g, _)| g >= 3), "k = {k}: rounds {:?}", out.stats.rounds);
+                }
             }
         }
     }

@@ -101,7 +101,11 @@ fn draw(seed: u64, mut vocab: impl FnMut(&str) -> u32) -> Case {
             o.min_new_tokens = Some(r.below(6) as usize);
         }
     }
-    let mut methods = vec!["prompt_lookup", "early_exit"];
+    let mut methods = vec!["prompt_lookup"];
+    if !setup.gemma4 {
+        // Gemma 4's per-layer inputs and KV sharing leave early exit unsupported there.
+        methods.push("early_exit");
+    }
     if setup.assistant.is_some() {
         methods.push("assistant_model");
     }

@@ -111,6 +111,9 @@ fn plain_and_universal(pipe: &mut Pipeline, prompt: &[u32], options: &Generation
     pipe.assistant = plain_pipe_assistant;
     let uni = pipe.generate_ids(prompt, options, None).unwrap();
     assert_eq!(uni.stats.method, "universal_assisted");
+    if options.cost_aware_drafting == Some(false) {
+        assert!(uni.stats.drafted > 0, "prompt {prompt:?}: nothing drafted");
+    }
     assert_eq!(uni.tokens, plain.tokens, "prompt {prompt:?}");
     assert_eq!(uni.text, plain.text);
 }
@@ -124,7 +127,9 @@ fn universal_greedy_is_lossless_on_tiny_fixtures_both_ways() {
         greedy(32),
         GenerationOptions { num_assistant_tokens: Some(3), assistant_confidence_threshold: Some(0.0), ..greedy(32) },
         GenerationOptions { num_assistant_tokens_schedule: Some("heuristic".into()), ..greedy(32) },
-    ];
+    ]
+    .map(|o| [GenerationOptions { cost_aware_drafting: Some(false), ..o.clone() }, o])
+    .concat();
     let mut forward = pipeline("tiny-llama", Some(ASSISTANT));
     for p in &prompts {
         for o in &options {
