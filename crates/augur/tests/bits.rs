@@ -3,6 +3,8 @@
 //! bits computed alone (one row after the cache), inside a block of 2 to 16 rows, and inside a batched forward
 //! of several sequences: what makes greedy speculation equal to plain greedy decoding, token for token.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
@@ -11,6 +13,7 @@ use augur::model::weights::{LinearPath, Weights};
 use augur::model::{Architecture, CausalLm, ForwardOptions, LoadOptions, LogitRows};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
+use common::{fixtures, real_model};
 
 /// Each row's logits as bits.
 type Bits = Vec<Vec<u32>>;
@@ -46,9 +49,9 @@ const PREFIX: usize = 7;
 /// Positions compared after the prefix: a block of 16 starting up to 3 positions in.
 const AFTER: usize = 19;
 
-/// Every position after a prefix decoded one at a time, then recomputed inside blocks of 2 to 16 rows (each
-/// starting 0 to 3 positions after the prefix, those fed one at a time): the same bits.
-fn blocks_equal_alone(what: &str, lm: &dyn CausalLm) {
+/// Every position after a prefix decoded one at a time, then recomputed inside blocks of each of `sizes` rows
+/// (at most 16, each starting 0 to 3 positions after the prefix, those fed one at a time): the same bits.
+fn blocks_equal_alone(what: &str, lm: &dyn CausalLm, sizes: impl IntoIterator<Item = usize>) {
     let seq = tokens(0x9e37_79b9, lm.config().vocab_size as u32, PREFIX + AFTER);
     let mut alone = lm.fork().unwrap();
     forward_bits(alone.as_mut(), &seq[..PREFIX]);
@@ -56,7 +59,7 @@ fn blocks_equal_alone(what: &str, lm: &dyn CausalLm) {
     assert!(singles.windows(2).all(|w| w[0] != w[1]), "{what}: positions must get logits of their own");
     let mut m = lm.fork().unwrap();
     forward_bits(m.as_mut(), &seq[..PREFIX]);
-    for b in 2..=16 {
+    for b in sizes {
         let o = b % 4;
         m.truncate(PREFIX);
         for p in PREFIX..PREFIX + o {
@@ -123,17 +126,13 @@ fn batched_equal_alone(what: &str, lm: &dyn CausalLm) {
     }
     let batched = lm.batched_forwards() - before;
     let forwards: usize = schedules.iter().map(|s| s.len() + 1).sum();
-    assert!(batched >= 4, "{what}: only {batched} of {forwards} forwards ran batched with another sequence's");
+    assert!(batched >= 8, "{what}: only {batched} of {forwards} forwards ran batched with another sequence's");
 }
 
 fn load(path: &Path, dequantize: bool) -> Box<dyn CausalLm> {
     augur::model::load_with(path, &Device::Cpu, &LoadOptions { dequantize })
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .model
-}
-
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
 /// A fresh directory for this test's generated models.
@@ -164,7 +163,8 @@ struct Generated;
 
 impl Generated {
     const HIDDEN: usize = 256;
-    const FFN: usize = 512;
+    /// Past 512, where the dense product cuts its sums into chunks.
+    const FFN: usize = 768;
     const HEADS: usize = 4;
     const KV_HEADS: usize = 2;
     const HEAD_DIM: usize = 64;
@@ -246,7 +246,7 @@ impl Generated {
 
 /// Both checks on one loaded model.
 fn check(what: &str, lm: &dyn CausalLm) {
-    blocks_equal_alone(what, lm);
+    blocks_equal_alone(what, lm, 2..=16);
     batched_equal_alone(what, lm);
 }
 
@@ -302,4 +302,36 @@ fn dense_safetensors_give_every_row_its_bits() {
         assert_eq!(w.linear("model.layers.0.mlp.up_proj", 128, 64, false).unwrap().path(), LinearPath::Dense);
         check(&format!("tiny-llama {dtype:?}"), load(&dir, false).as_ref());
     }
+}
+
+/// The real files at their own sizes (more than one 16-row group, long LM heads, the pool in use): SmolLM2's
+/// Q4_1 with its Q8_0 tied head, and Gemma 3 270M's Q5_0, Q4_K, Q6_K and Q8_0 (in a few block sizes: each of
+/// its rows takes a 262144-row LM head).
+#[test]
+fn real_models_give_every_row_its_bits() {
+    let smollm2 = real_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let gemma = real_model("gemma-3-270m-q4_k_m.gguf");
+    let w = Weights::open_gguf(&smollm2, &Device::Cpu).unwrap();
+    let paths = [
+        w.linear("model.layers.0.mlp.up_proj", 1536, 576, false).unwrap().path(),
+        w.linear("model.embed_tokens", 49152, 576, false).unwrap().path(),
+    ];
+    assert_eq!(paths, [LinearPath::Own(GgmlDType::Q4_1), LinearPath::Own(GgmlDType::Q8_0)]);
+    check("SmolLM2 Q4_1", load(&smollm2, false).as_ref());
+    let w = Weights::open_gguf(&gemma, &Device::Cpu).unwrap();
+    let mut paths: Vec<LinearPath> = (0..18)
+        .flat_map(|l| {
+            let p = format!("model.layers.{l}");
+            [
+                w.linear(&format!("{p}.self_attn.v_proj"), 256, 640, false).unwrap().path(),
+                w.linear(&format!("{p}.mlp.down_proj"), 640, 2048, false).unwrap().path(),
+                w.linear(&format!("{p}.mlp.up_proj"), 2048, 640, false).unwrap().path(),
+            ]
+        })
+        .collect();
+    paths.sort_by_key(|p| format!("{p:?}"));
+    paths.dedup();
+    let own = [GgmlDType::Q4K, GgmlDType::Q5_0, GgmlDType::Q6K, GgmlDType::Q8_0].map(LinearPath::Own);
+    assert_eq!(paths, own, "Gemma 3 270M's products");
+    blocks_equal_alone("Gemma 3 270M Q4_K_M", load(&gemma, false).as_ref(), [2, 5, 16]);
 }

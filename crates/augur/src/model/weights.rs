@@ -613,6 +613,35 @@ impl Weights {
 mod tests {
     use super::*;
 
+    /// A dense product gives each row the bits it gets alone, in any number of rows: across gemm's switches at
+    /// one row, at rows × outputs = 256, and at 64 rows and outputs with more than 512 inputs.
+    #[test]
+    fn dense_rows_are_independent_of_the_block() {
+        for (out, k) in [(3, 600), (32, 64), (48, 768), (64, 64), (128, 256), (200, 1536)] {
+            let values = |n: usize, seed: usize| -> Vec<f32> {
+                (0..n).map(|i| ((i * 7919 + seed) % 1013) as f32 / 506.5 - 1.0).collect()
+            };
+            let w = Tensor::from_vec(values(out * k, 1), (out, k), &Device::Cpu).unwrap();
+            let linear = Linear::new(QMatMul::Tensor(w), None).unwrap();
+            assert_eq!(linear.path(), LinearPath::Dense);
+            let x = values(100 * k, 2);
+            let alone: Vec<Vec<f32>> = (0..100)
+                .map(|r| {
+                    let row = Tensor::from_slice(&x[r * k..(r + 1) * k], (1, 1, k), &Device::Cpu).unwrap();
+                    linear.forward(&row).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+                })
+                .collect();
+            for rows in [2, 3, 5, 8, 9, 16, 17, 64, 65, 100] {
+                let block = Tensor::from_slice(&x[..rows * k], (1, rows, k), &Device::Cpu).unwrap();
+                let y: Vec<Vec<f32>> = linear.forward(&block).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
+                for (r, row) in y.iter().enumerate() {
+                    let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{out} outputs, {k} inputs: row {r} of {rows}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn gguf_names_follow_llama_cpp() {
         let a = Architecture::Llama;
