@@ -1024,7 +1024,7 @@ pub struct Decoder<B: Block> {
 /// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
 /// token ids and the f32 hidden states leaving layer `layers`, `[n, hidden]` row-major. A full forward whose
 /// tokens begin with these ids starts the remaining layers from the stored states instead of recomputing the
-/// first ones: the same computation, equal to the last bit where the kernels are batch-invariant.
+/// first ones: the same computation, equal to the last bit (every kernel gives a row the same numbers in any block).
 #[derive(Default)]
 struct EarlyPositions {
     layers: usize,
