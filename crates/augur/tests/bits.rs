@@ -82,7 +82,8 @@ fn blocks_equal_alone(what: &str, lm: &dyn CausalLm, sizes: impl IntoIterator<It
 /// Forks on four threads, each feeding its own sequence in blocks of its own sizes at the same time (the
 /// batcher merges their forwards): every position gets the bits it gets alone, decoded one at a time.
 fn batched_equal_alone(what: &str, lm: &dyn CausalLm) {
-    let schedules: [&[usize]; 4] = [&[1, 3, 1, 5, 2, 1, 1], &[2, 1, 4, 1, 1, 3, 1], &[1, 1, 6, 2, 1, 1], &[3, 2, 1, 1, 4, 1]];
+    let schedules: [&[usize]; 4] =
+        [&[1, 3, 1, 5, 2, 1, 1], &[2, 1, 4, 1, 1, 3, 1], &[1, 1, 6, 2, 1, 1], &[3, 2, 1, 1, 4, 1]];
     let vocab = lm.config().vocab_size as u32;
     let seqs: Vec<(usize, Vec<u32>)> = schedules
         .iter()
@@ -289,10 +290,11 @@ fn dense_gguf_and_dequantized_give_every_row_its_bits() {
     }
 }
 
-/// Dense safetensors: the tiny fixtures in f32, and tiny-llama converted to f16 and bf16.
+/// Dense safetensors: the tiny fixtures in f32 (the mixture-of-experts ones route a block's rows to experts in
+/// groups that change with the block), and tiny-llama converted to f16 and bf16.
 #[test]
 fn dense_safetensors_give_every_row_its_bits() {
-    for name in ["tiny-llama", "tiny-qwen2", "tiny-gemma3"] {
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-gemma3", "tiny-deepseek-v3-mtp", "tiny-glm4-moe-mtp"] {
         check(name, load(&fixtures().join(name), false).as_ref());
     }
     for dtype in [DType::F16, DType::BF16] {
