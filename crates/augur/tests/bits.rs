@@ -251,27 +251,39 @@ fn check(what: &str, lm: &dyn CausalLm) {
     batched_equal_alone(what, lm);
 }
 
-/// Our own kernels: Q4_0, Q4_1, Q5_0, Q8_0 (32-element blocks) and Q4_K, Q6_K (super-blocks), on AVX-512 VNNI.
-#[test]
-fn own_kernels_give_every_row_its_bits() {
-    assert!(
-        std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512bw"),
-        "this test covers the AVX-512 VNNI kernels; this machine has none"
-    );
-    for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q6K] {
-        let path = Generated::write(dtype);
-        assert_eq!(Generated::paths(&path, false), [LinearPath::Own(dtype); 2]);
-        check(&format!("own {dtype:?}"), load(&path, false).as_ref());
+/// The product this machine runs for a weight of quantized `dtype`: ours on AVX-512 VNNI (Q4_0, Q4_1, Q5_0,
+/// Q8_0, Q4_K, Q6_K) or AVX2 with FMA and F16C (Q4_1 and Q5_0), candle's otherwise.
+fn expected_path(dtype: GgmlDType) -> LinearPath {
+    use GgmlDType::*;
+    let mut own: &[GgmlDType] = &[];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            own = if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                &[Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K]
+            } else {
+                &[Q4_1, Q5_0]
+            };
+        }
+    }
+    if own.contains(&dtype) {
+        LinearPath::Own(dtype)
+    } else {
+        LinearPath::Candle(dtype)
     }
 }
 
-/// Types without a kernel of ours run on candle's quantized products.
+/// Every quantized type the loader takes: the six with kernels of ours where this machine runs them (the
+/// 32-element blocks in `qkernels`, the super-blocks in `kquants`), and Q5_1, Q2_K, Q3_K, Q5_K on candle's.
 #[test]
-fn candle_fallback_gives_every_row_its_bits() {
-    for dtype in [GgmlDType::Q5_1, GgmlDType::Q2K, GgmlDType::Q3K, GgmlDType::Q5K] {
+fn quantized_types_give_every_row_its_bits() {
+    use GgmlDType::*;
+    for dtype in [Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K, Q5_1, Q2K, Q3K, Q5K] {
         let path = Generated::write(dtype);
-        assert_eq!(Generated::paths(&path, false), [LinearPath::Candle(dtype); 2]);
-        check(&format!("candle {dtype:?}"), load(&path, false).as_ref());
+        let expected = expected_path(dtype);
+        assert_eq!(Generated::paths(&path, false), [expected; 2]);
+        check(&format!("{expected:?}"), load(&path, false).as_ref());
     }
 }
 
@@ -318,7 +330,7 @@ fn real_models_give_every_row_its_bits() {
         w.linear("model.layers.0.mlp.up_proj", 1536, 576, false).unwrap().path(),
         w.linear("model.embed_tokens", 49152, 576, false).unwrap().path(),
     ];
-    assert_eq!(paths, [LinearPath::Own(GgmlDType::Q4_1), LinearPath::Own(GgmlDType::Q8_0)]);
+    assert_eq!(paths, [expected_path(GgmlDType::Q4_1), expected_path(GgmlDType::Q8_0)]);
     check("SmolLM2 Q4_1", load(&smollm2, false).as_ref());
     let w = Weights::open_gguf(&gemma, &Device::Cpu).unwrap();
     let mut paths: Vec<LinearPath> = (0..18)
@@ -333,7 +345,8 @@ fn real_models_give_every_row_its_bits() {
         .collect();
     paths.sort_by_key(|p| format!("{p:?}"));
     paths.dedup();
-    let own = [GgmlDType::Q4K, GgmlDType::Q5_0, GgmlDType::Q6K, GgmlDType::Q8_0].map(LinearPath::Own);
-    assert_eq!(paths, own, "Gemma 3 270M's products");
+    let mut expected = [GgmlDType::Q4K, GgmlDType::Q5_0, GgmlDType::Q6K, GgmlDType::Q8_0].map(expected_path);
+    expected.sort_by_key(|p| format!("{p:?}"));
+    assert_eq!(paths, expected, "Gemma 3 270M's products");
     blocks_equal_alone("Gemma 3 270M Q4_K_M", load(&gemma, false).as_ref(), [2, 5, 16]);
 }

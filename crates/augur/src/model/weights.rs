@@ -113,8 +113,8 @@ impl Linear {
     /// order whatever the block, `in_dim` wide. Candle's Q6_K (x86) takes compact weights for one row and
     /// repacked tiles for more. Its dense product (the gemm crate) takes a matrix-vector loop for one row and a
     /// dot-product kernel while rows × outputs ≤ 256, then its general kernel, whose order depends on `in_dim`
-    /// alone except that below 65 outputs and 65 rows it cuts `in_dim` past 512 into chunks of 512 and past
-    /// them into chunks sized from the caches.
+    /// alone but for one switch: with at most 64 outputs it cuts an `in_dim` past 512 into chunks of 512 up to
+    /// 64 rows and into chunks sized from the caches past them. `tests/bits.rs` checks these bounds.
     fn row_grouping(&self, in_dim: usize) -> (usize, usize) {
         match &self.weight {
             LinearWeight::Own(_) => (1, usize::MAX),
@@ -637,6 +637,38 @@ mod tests {
                 for (r, row) in y.iter().enumerate() {
                     let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{out} outputs, {k} inputs: row {r} of {rows}");
+                }
+            }
+        }
+    }
+
+    /// candle's quantized products give each row the bits it gets alone, for the types our kernels take where
+    /// this machine has them too: what runs where it has not (its repacked x86 tiles, AMX past 31 rows).
+    #[test]
+    fn candle_quantized_rows_are_independent_of_the_block() {
+        let (out, k) = (256, 512);
+        let values = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| ((i * 7919 + seed) % 1013) as f32 / 506.5 - 1.0).collect()
+        };
+        let w = Tensor::from_vec(values(out * k, 1), (out, k), &Device::Cpu).unwrap();
+        let x = values(40 * k, 2);
+        use GgmlDType::*;
+        for dtype in [Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K] {
+            let q = QTensor::quantize(&w, dtype).unwrap();
+            let linear = Linear { weight: LinearWeight::Candle(QMatMul::from_qtensor(q).unwrap()), bias: None };
+            assert_eq!(linear.path(), LinearPath::Candle(dtype));
+            let alone: Vec<Vec<f32>> = (0..40)
+                .map(|r| {
+                    let row = Tensor::from_slice(&x[r * k..(r + 1) * k], (1, 1, k), &Device::Cpu).unwrap();
+                    linear.forward(&row).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+                })
+                .collect();
+            for rows in [2, 3, 4, 5, 8, 9, 16, 31, 32, 33, 40] {
+                let block = Tensor::from_slice(&x[..rows * k], (1, rows, k), &Device::Cpu).unwrap();
+                let y: Vec<Vec<f32>> = linear.forward(&block).unwrap().squeeze(0).unwrap().to_vec2().unwrap();
+                for (r, row) in y.iter().enumerate() {
+                    let same = row.iter().zip(&alone[r]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype:?}: row {r} of {rows}");
                 }
             }
         }
