@@ -131,6 +131,13 @@ impl QuantKernel for SuperBlockMatrix {
         self.n
     }
 
+    fn dtype(&self) -> GgmlDType {
+        match self.kind {
+            KKind::Q4K => GgmlDType::Q4K,
+            KKind::Q6K => GgmlDType::Q6K,
+        }
+    }
+
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
         debug_assert_eq!(x.len(), m * self.k);
         let act = SharedKernel::quantize(self, x, m);

@@ -1024,7 +1024,7 @@ pub struct Decoder<B: Block> {
 /// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
 /// token ids and the f32 hidden states leaving layer `layers`, `[n, hidden]` row-major. A full forward whose
 /// tokens begin with these ids starts the remaining layers from the stored states instead of recomputing the
-/// first ones: the same computation, equal to the last bit where the kernels are batch-invariant.
+/// first ones: the same computation, equal to the last bit (every kernel gives a row the same numbers in any block).
 #[derive(Default)]
 struct EarlyPositions {
     layers: usize,
@@ -1204,6 +1204,8 @@ pub struct Batcher {
     state: Mutex<BatchState>,
     changed: Condvar,
     ids: AtomicU64,
+    /// Forwards that ran in one batch with another sequence's.
+    batched: AtomicU64,
 }
 
 /// How long a batch waits for the sequences that were in the recent batches.
@@ -1244,6 +1246,9 @@ impl Batcher {
             }
             let jobs = std::mem::take(&mut st.pending);
             drop(st);
+            if jobs.len() > 1 {
+                self.batched.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+            }
             let owners: HashSet<u64> = jobs.iter().map(|j| j.owner).collect();
             let finished = run_jobs(model, jobs);
             st = self.state();
@@ -1297,6 +1302,10 @@ impl<B: Block> CausalLm for Decoder<B> {
         let keep = len - self.len;
         self.early.tokens.truncate(keep);
         self.early.hidden.truncate(keep * self.cfg.hidden_size);
+    }
+
+    fn batched_forwards(&self) -> u64 {
+        self.batcher.batched.load(Ordering::Relaxed)
     }
 
     fn fork(&self) -> Result<Box<dyn CausalLm>> {

@@ -96,6 +96,10 @@ pub trait CausalLm: Send {
             self.config().architecture.name()
         )))
     }
+    /// How many forwards of this model and its forks ran batched with another fork's (see `layers::Batcher`).
+    fn batched_forwards(&self) -> u64 {
+        0
+    }
     /// Hands over the model's multi-token-prediction layers, if it has any (they are then the MTP drafter's).
     fn take_mtp(&mut self) -> Option<Box<dyn mtp::MtpHead>> {
         None

@@ -156,6 +156,10 @@ impl<B: Block> CausalLm for WithMtp<B> {
         self.mtp.take()
     }
 
+    fn batched_forwards(&self) -> u64 {
+        self.decoder.batched_forwards()
+    }
+
     /// A fork runs the decoder only: the MTP layers (and their caches) stay with this model.
     fn fork(&self) -> Result<Box<dyn CausalLm>> {
         self.decoder.fork()

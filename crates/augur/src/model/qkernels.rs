@@ -106,6 +106,8 @@ struct Q8Block {
 /// A quantized weight `[n, k]` that one of our kernels multiplies (see also `kquants`).
 pub trait QuantKernel: Send + Sync {
     fn out_features(&self) -> usize;
+    /// The stored type this kernel multiplies.
+    fn dtype(&self) -> GgmlDType;
     /// The first `n` outputs of the product with `x` (`[m, k]` row-major) → `[m, min(n, out)]`, reading only
     /// those weight rows; each is the same as in the full product.
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32>;
@@ -158,6 +160,15 @@ pub type GroupTile<'a> = Box<dyn Fn(&[u8], usize, usize, *mut f32, usize) + Sync
 impl QuantKernel for BlockMatrix {
     fn out_features(&self) -> usize {
         self.n
+    }
+
+    fn dtype(&self) -> GgmlDType {
+        match self.kind {
+            BlockKind::Q4_0 => GgmlDType::Q4_0,
+            BlockKind::Q4_1 => GgmlDType::Q4_1,
+            BlockKind::Q5_0 => GgmlDType::Q5_0,
+            BlockKind::Q8_0 => GgmlDType::Q8_0,
+        }
     }
 
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
