@@ -106,7 +106,9 @@ fn lookup_prompt(options: &GenerationOptions) -> Vec<u32> {
     let cfg = GenerationConfig::from_options(options);
     let mut lm = load(&fixtures().join("tiny-llama"), false);
     let vocab = lm.config().vocab_size;
-    let p = |lm: &mut LoadedLm, d: u32| exact::next_distribution(lm.model.as_mut(), &cfg, 8, &with(d), None, vocab)[d as usize];
+    let p = |lm: &mut LoadedLm, d: u32| {
+        exact::next_distribution(lm.model.as_mut(), &cfg, 8, &with(d), None, vocab)[d as usize]
+    };
     let best = (0..vocab as u32).max_by(|&a, &b| p(&mut lm, a).total_cmp(&p(&mut lm, b))).unwrap();
     with(best)
 }
@@ -118,7 +120,13 @@ impl MtpHead for FirstLayer<'_> {
     fn num_layers(&self) -> usize {
         1
     }
-    fn forward_layer(&mut self, k: usize, tokens: &[u32], hidden: &augur::Tensor, first: usize) -> augur::Result<augur::Tensor> {
+    fn forward_layer(
+        &mut self,
+        k: usize,
+        tokens: &[u32],
+        hidden: &augur::Tensor,
+        first: usize,
+    ) -> augur::Result<augur::Tensor> {
         self.0.forward_layer(k, tokens, hidden, first)
     }
     fn logits(&self, row: &augur::Tensor) -> augur::Result<Vec<f32>> {
@@ -139,7 +147,10 @@ struct Models {
 
 impl Models {
     fn load(case: &Case) -> Self {
-        Models { target: load(&fixtures().join(case.target), false), assistant: case.assistant.map(|a| load(&fixtures().join(a), false)) }
+        Models {
+            target: load(&fixtures().join(case.target), false),
+            assistant: case.assistant.map(|a| load(&fixtures().join(a), false)),
+        }
     }
 }
 
@@ -182,7 +193,13 @@ impl Drafter for RawQ<'_> {
 
 /// One seeded speculative generation of `case`, with `verifier`; with `raw` (a second copy of the assistant),
 /// the drafter reports its raw `q` (mutation 5).
-fn run(m: &mut Models, case: &Case, seed: u64, verifier: &dyn Verifier, raw: Option<&mut LoadedLm>) -> GenerationOutput {
+fn run(
+    m: &mut Models,
+    case: &Case,
+    seed: u64,
+    verifier: &dyn Verifier,
+    raw: Option<&mut LoadedLm>,
+) -> GenerationOutput {
     let opts = GenerationOptions { seed: Some(seed), ..case.options.clone() };
     let cfg = GenerationConfig::from_options(&opts);
     let prompt = &case.prompt;
@@ -191,23 +208,31 @@ fn run(m: &mut Models, case: &Case, seed: u64, verifier: &dyn Verifier, raw: Opt
     target.model.truncate(0);
     let mut first_layer;
     let mut drafter: Box<dyn Drafter + '_> = match case.method {
-        Method::Assistant => {
-            Box::new(AssistantModel::new(m.assistant.as_mut().unwrap().model.as_mut(), &cfg, prompt.len(), vocab).unwrap())
+        Method::Assistant => Box::new(
+            AssistantModel::new(m.assistant.as_mut().unwrap().model.as_mut(), &cfg, prompt.len(), vocab).unwrap(),
+        ),
+        Method::Lookup => {
+            Box::new(PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone()).unwrap())
         }
-        Method::Lookup => Box::new(PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone()).unwrap()),
-        Method::EarlyExit(l) => Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, prompt.len()).unwrap()),
+        Method::EarlyExit(l) => {
+            Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, prompt.len()).unwrap())
+        }
         Method::Mtp => Box::new(MtpDrafter::new(target.mtp.as_mut().unwrap().as_mut(), &cfg, prompt.len()).unwrap()),
         Method::MtpFirstLayer => {
             first_layer = FirstLayer(target.mtp.as_mut().unwrap().as_mut());
             Box::new(MtpDrafter::new(&mut first_layer, &cfg, prompt.len()).unwrap())
         }
         Method::Gemma4 => {
-            let a = m.assistant.as_mut().unwrap().model.as_any_mut().unwrap().downcast_ref::<Gemma4Assistant>().unwrap();
+            let a =
+                m.assistant.as_mut().unwrap().model.as_any_mut().unwrap().downcast_ref::<Gemma4Assistant>().unwrap();
             Box::new(Gemma4AssistantDrafter::new(a, &cfg, prompt.len(), target.config().sliding_window).unwrap())
         }
         Method::Universal => {
             let a = m.assistant.as_mut().unwrap();
-            Box::new(UniversalSampling::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &cfg, prompt.len(), vocab).unwrap())
+            Box::new(
+                UniversalSampling::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &cfg, prompt.len(), vocab)
+                    .unwrap(),
+            )
         }
     };
     if let Some(raw) = raw {
@@ -216,7 +241,8 @@ fn run(m: &mut Models, case: &Case, seed: u64, verifier: &dyn Verifier, raw: Opt
     let max_new = cfg.max_new_tokens.unwrap();
     let mut emitter = Emitter::new(&target.tokenizer, prompt, max_new, cfg.eos_token_id.clone(), vec![], None);
     let mut stats = GenerationStats::default();
-    speculative::generate_with(target.model.as_mut(), drafter.as_mut(), &cfg, &mut emitter, &mut stats, verifier).unwrap();
+    speculative::generate_with(target.model.as_mut(), drafter.as_mut(), &cfg, &mut emitter, &mut stats, verifier)
+        .unwrap();
     drop(drafter);
     emitter.into_output(stats)
 }
@@ -301,10 +327,23 @@ fn check(case: Case) {
         assert_eq!(got.stats.method, want.stats.method, "{}", case.name);
     }
     let (fit, d, draws) = test_case(&case, &verify::Exact, false);
-    println!("{}: {draws} draws, {} degrees of freedom, chi-square {:.1} (critical {:.1}), {d:?}", case.name, fit.df, fit.statistic, fit.critical);
-    assert_eq!(d.full_rounds, draws, "{}: only {} of {draws} draws drafted {} positions in a round", case.name, d.full_rounds, case.min_round);
+    println!(
+        "{}: {draws} draws, {} degrees of freedom, chi-square {:.1} (critical {:.1}), {d:?}",
+        case.name, fit.df, fit.statistic, fit.critical
+    );
+    assert_eq!(
+        d.full_rounds, draws,
+        "{}: only {} of {draws} draws drafted {} positions in a round",
+        case.name, d.full_rounds, case.min_round
+    );
     // Both paths of the verifier ran often enough to matter.
-    assert!(d.accepted > draws / 20 && d.rejected > draws / 50, "{}: accepted {} drafts, rejected {} rounds", case.name, d.accepted, d.rejected);
+    assert!(
+        d.accepted > draws / 20 && d.rejected > draws / 50,
+        "{}: accepted {} drafts, rejected {} rounds",
+        case.name,
+        d.accepted,
+        d.rejected
+    );
     assert!(fit.passes(), "{}: {fit:?}", case.name);
 }
 
@@ -487,7 +526,10 @@ impl Verifier for Broken {
 
 fn assert_caught(case: Case, verifier: &dyn Verifier, raw_q: bool, what: &str) {
     let (fit, d, draws) = test_case(&case, verifier, raw_q);
-    println!("{what} on {}: {draws} draws, chi-square {:.1} (critical {:.1}), {} impossible", case.name, fit.statistic, fit.critical, fit.impossible);
+    println!(
+        "{what} on {}: {draws} draws, chi-square {:.1} (critical {:.1}), {} impossible",
+        case.name, fit.statistic, fit.critical, fit.impossible
+    );
     assert!(d.full_rounds == draws, "{what}: the mutant did not draft as the test expects");
     assert!(!fit.passes(), "{what} went unnoticed by the {} test: {fit:?}", case.name);
 }

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use augur::generation::config::GenerationOptions;
-use augur::pipeline::{Pipeline, LoadedLm};
+use augur::pipeline::{LoadedLm, Pipeline};
 use common::*;
 use safetensors::tensor::TensorView;
 
@@ -22,11 +22,8 @@ fn poisoned(name: &str, token: usize, value: f32) -> PathBuf {
     }
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<u8>, safetensors::Dtype, Vec<usize>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| (n, t.data().to_vec(), t.dtype(), t.shape().to_vec()))
-        .collect();
+    let mut tensors: Vec<(String, Vec<u8>, safetensors::Dtype, Vec<usize>)> =
+        st.tensors().into_iter().map(|(n, t)| (n, t.data().to_vec(), t.dtype(), t.shape().to_vec())).collect();
     let (_, data, dtype, shape) = tensors.iter_mut().find(|(n, ..)| n == "lm_head.weight").expect("an untied LM head");
     assert_eq!(*dtype, safetensors::Dtype::F32);
     let hidden = shape[1];
@@ -51,7 +48,8 @@ fn nan_logits_of_the_target_name_its_file_and_the_position() {
         assert!(e.contains("the target model") && e.contains(&dir.display().to_string()), "{e}");
         assert!(e.contains("token id 5") && e.contains("at position 3"), "{e}");
         // The same under speculation: the verification forward's rows.
-        let opts = GenerationOptions { prompt_lookup_num_tokens: Some(3), cost_aware_drafting: Some(false), ..greedy(4) };
+        let opts =
+            GenerationOptions { prompt_lookup_num_tokens: Some(3), cost_aware_drafting: Some(false), ..greedy(4) };
         let e = pipe.generate_ids(&[3, 4, 3, 4], &opts, None).unwrap_err().to_string();
         assert!(e.contains("the target model") && e.contains("token id 5"), "{e}");
     }

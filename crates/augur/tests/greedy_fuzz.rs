@@ -53,10 +53,38 @@ struct Setup {
 }
 
 const SETUPS: &[Setup] = &[
-    Setup { target: "tiny-llama", assistant: Some("tiny-llama-assistant"), universal: Some("tiny-qwen2-metaspace"), mtp: false, gemma4: false, weight: 6 },
-    Setup { target: "tiny-qwen2", assistant: Some("tiny-llama-assistant"), universal: None, mtp: false, gemma4: false, weight: 3 },
-    Setup { target: "tiny-qwen2-metaspace", assistant: None, universal: Some("tiny-llama"), mtp: false, gemma4: false, weight: 2 },
-    Setup { target: "tiny-gemma3", assistant: Some("tiny-llama-assistant"), universal: None, mtp: false, gemma4: false, weight: 3 },
+    Setup {
+        target: "tiny-llama",
+        assistant: Some("tiny-llama-assistant"),
+        universal: Some("tiny-qwen2-metaspace"),
+        mtp: false,
+        gemma4: false,
+        weight: 6,
+    },
+    Setup {
+        target: "tiny-qwen2",
+        assistant: Some("tiny-llama-assistant"),
+        universal: None,
+        mtp: false,
+        gemma4: false,
+        weight: 3,
+    },
+    Setup {
+        target: "tiny-qwen2-metaspace",
+        assistant: None,
+        universal: Some("tiny-llama"),
+        mtp: false,
+        gemma4: false,
+        weight: 2,
+    },
+    Setup {
+        target: "tiny-gemma3",
+        assistant: Some("tiny-llama-assistant"),
+        universal: None,
+        mtp: false,
+        gemma4: false,
+        weight: 3,
+    },
     Setup { target: "tiny-gemma4", assistant: None, universal: None, mtp: false, gemma4: true, weight: 3 },
     Setup { target: "tiny-deepseek-v3-mtp2", assistant: None, universal: None, mtp: true, gemma4: false, weight: 3 },
     Setup { target: "tiny-deepseek-v3-mtp", assistant: None, universal: None, mtp: true, gemma4: false, weight: 1 },
@@ -79,7 +107,15 @@ fn draw(seed: u64, mut vocab: impl FnMut(&str) -> u32) -> Case {
     let mut r = Rng(seed | 1);
     let total: u64 = SETUPS.iter().map(|s| s.weight).sum();
     let mut w = r.below(total);
-    let setup = SETUPS.iter().find(|s| w < s.weight || { w -= s.weight; false }).unwrap();
+    let setup = SETUPS
+        .iter()
+        .find(|s| {
+            w < s.weight || {
+                w -= s.weight;
+                false
+            }
+        })
+        .unwrap();
     let v = vocab(setup.target);
     // A prompt that repeats itself, so that prompt lookup finds matches.
     let base: Vec<u32> = (0..1 + r.below(8)).map(|_| r.below(v as u64) as u32).collect();
@@ -137,7 +173,8 @@ fn draw(seed: u64, mut vocab: impl FnMut(&str) -> u32) -> Case {
                 _ => None,
             };
             o.num_assistant_tokens = Some(1 + r.below(8) as usize);
-            o.num_assistant_tokens_schedule = Some(r.pick(&["constant", "heuristic", "heuristic_transient"]).to_string());
+            o.num_assistant_tokens_schedule =
+                Some(r.pick(&["constant", "heuristic", "heuristic_transient"]).to_string());
             o.assistant_confidence_threshold = Some(*r.pick(&[0.0, 0.2, 0.4, 0.7]));
         }
     }
@@ -161,7 +198,8 @@ impl Pipelines {
 
 #[test]
 fn greedy_speculation_equals_plain_greedy() {
-    let env = |k: &str| std::env::var(k).ok().map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{k}={v}: not a number")));
+    let env =
+        |k: &str| std::env::var(k).ok().map(|v| v.parse::<u64>().unwrap_or_else(|_| panic!("{k}={v}: not a number")));
     let seed = env("AUGUR_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
     let cases = env("AUGUR_FUZZ_CASES").unwrap_or(DEFAULT_CASES);
     let mut pipes = Pipelines::default();
@@ -170,14 +208,17 @@ fn greedy_speculation_equals_plain_greedy() {
     for i in 0..cases {
         let case_seed = seed.wrapping_add(i);
         let case = draw(case_seed, |t| {
-            *vocabs.entry(t.to_string()).or_insert_with(|| pipes.get(SETUPS.iter().find(|s| s.target == t).unwrap().target, None).target.config().vocab_size as u32)
+            *vocabs.entry(t.to_string()).or_insert_with(|| {
+                pipes.get(SETUPS.iter().find(|s| s.target == t).unwrap().target, None).target.config().vocab_size as u32
+            })
         });
         let mut case = case;
         if let Some(l) = case.options.assistant_early_exit {
             let layers = pipes.get(case.setup.target, None).target.config().num_hidden_layers;
             case.options.assistant_early_exit = Some(l.min(layers - 1));
         }
-        let repro = format!("AUGUR_FUZZ_SEED={case_seed} AUGUR_FUZZ_CASES=1 cargo test --release -p augur --test greedy_fuzz");
+        let repro =
+            format!("AUGUR_FUZZ_SEED={case_seed} AUGUR_FUZZ_CASES=1 cargo test --release -p augur --test greedy_fuzz");
         let plain_pipe = pipes.get(case.setup.target, None);
         let mut plain_opts = greedy(0);
         plain_opts.max_new_tokens = case.options.max_new_tokens;
@@ -194,13 +235,19 @@ fn greedy_speculation_equals_plain_greedy() {
             stop = Some(free.text.chars().skip(a).take(len).collect::<String>());
         }
         plain_opts.stop_strings = stop.clone().map(|s| vec![s]);
-        let want = if stop.is_some() { plain_pipe.generate_ids(&case.prompt, &plain_opts, None).unwrap() } else { free };
+        let want =
+            if stop.is_some() { plain_pipe.generate_ids(&case.prompt, &plain_opts, None).unwrap() } else { free };
         let options = GenerationOptions { stop_strings: stop.map(|s| vec![s]), ..case.options.clone() };
         let got: GenerationOutput = pipes
             .get(case.setup.target, case.assistant)
             .generate_ids(&case.prompt, &options, None)
             .unwrap_or_else(|e| panic!("{e}\nreproduce: {repro}"));
-        let what = || format!("{} on {} with {:?}, prompt {:?}\nreproduce: {repro}", case.method, case.setup.target, options, case.prompt);
+        let what = || {
+            format!(
+                "{} on {} with {:?}, prompt {:?}\nreproduce: {repro}",
+                case.method, case.setup.target, options, case.prompt
+            )
+        };
         assert_eq!(got.stats.method, case.method, "{}", what());
         assert_eq!(got.tokens, want.tokens, "{}", what());
         assert_eq!(got.text, want.text, "{}", what());

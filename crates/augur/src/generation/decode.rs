@@ -33,17 +33,17 @@ pub(crate) fn logits_rows(
 /// A NaN or infinite logit is an error: left in, NaN wins every argmax and empties every distribution, so the
 /// output would be garbage passed off as text.
 pub(crate) fn check_finite(row: &[f32], model: &str, position: usize) -> Result<()> {
-    // `x − x` is 0 for a finite `x` and NaN otherwise: one pass in eight lanes so it vectorizes; the search
-    // for the culprit only runs on a bad row.
+    // `0·x` is 0 for a finite `x` and NaN otherwise: one pass in eight lanes so it vectorizes; the search for
+    // the culprit only runs on a bad row.
     let mut lanes = [0.0f32; 8];
     let chunks = row.chunks_exact(8);
     let rest = chunks.remainder();
     for chunk in chunks {
         for (l, &x) in lanes.iter_mut().zip(chunk) {
-            *l += x - x;
+            *l += x * 0.0;
         }
     }
-    if lanes.iter().chain(rest).all(|&x| x - x == 0.0) {
+    if lanes.iter().chain(rest).all(|&x| x * 0.0 == 0.0) {
         return Ok(());
     }
     match row.iter().position(|x| !x.is_finite()) {
