@@ -155,18 +155,8 @@ fn use_mtp_without_mtp_layers_is_an_error() {
     assert!(err.contains("no MTP weights") && err.contains("model.layers.3."), "{err}");
 }
 
-/// With an ensemble weight, greedy drafts are verified against `ν = w·p + (1−w)·q`, as in Transformers 5.24
-/// (which returns the drafter's logits in greedy mode too). At w = 0.001, ν is almost q, whose argmax each draft
-/// is, so nearly every draft is kept, far more than lossless verification keeps.
+/// The greedy ensemble weight is applied (see [`assert_greedy_ensemble_is_applied`]).
 #[test]
 fn greedy_ensemble_weight_is_applied() {
-    let mut pipe = pipeline("tiny-deepseek-v3-mtp2", None);
-    let input = [297, 346, 370, 319, 265, 280];
-    let base = GenerationOptions { use_mtp: Some(true), ..greedy(24) };
-    let lossless = pipe.generate_ids(&input, &base, None).unwrap();
-    let mixed = GenerationOptions { assistant_ensemble_weight: Some(0.001), ..base };
-    let out = pipe.generate_ids(&input, &mixed, None).unwrap();
-    let rate = |o: &augur::generation::output::GenerationOutput| o.stats.accepted as f64 / o.stats.drafted as f64;
-    assert!(lossless.stats.drafted > 10 && out.stats.drafted > 10);
-    assert!(rate(&out) > 0.95 && rate(&lossless) < 0.8, "acceptance {} with w, {} without", rate(&out), rate(&lossless));
+    assert_greedy_ensemble_is_applied("tiny-deepseek-v3-mtp2", None, GenerationOptions { use_mtp: Some(true), ..greedy(24) });
 }

@@ -137,4 +137,20 @@ pub fn assert_logits_match(name: &str, model: &mut dyn augur::model::CausalLm, p
         assert!(worst <= 1e-4 * scale.max(1.0), "{name} {:?} position {pos}: max diff {worst} (scale {scale})", p["text"]);
     }
 }
+
+/// With an ensemble weight, greedy drafts are verified against `ν = w·p + (1−w)·q`, as in Transformers 5.24
+/// (which returns the drafter's logits in greedy mode too). At w = 0.001, ν is almost q, whose argmax each draft
+/// is, so nearly every draft is kept: far more than lossless verification with `base` keeps.
+pub fn assert_greedy_ensemble_is_applied(target: &str, assistant: Option<&str>, base: GenerationOptions) {
+    let mut pipe = pipeline(target, assistant);
+    let input = [297, 346, 370, 319, 265, 280];
+    let lossless = pipe.generate_ids(&input, &base, None).unwrap();
+    let mixed = GenerationOptions { assistant_ensemble_weight: Some(0.001), ..base };
+    let out = pipe.generate_ids(&input, &mixed, None).unwrap();
+    let rate = |o: &augur::generation::output::GenerationOutput| o.stats.accepted as f64 / o.stats.drafted as f64;
+    assert!(lossless.stats.drafted > 10 && out.stats.drafted > 10, "{target}: too few drafts");
+    let (with, without) = (rate(&out), rate(&lossless));
+    assert!(with > 0.95 && without < 0.8, "{target}: acceptance {with} with w, {without} without");
+}
+
 pub mod exact;
