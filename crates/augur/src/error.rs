@@ -51,10 +51,15 @@ pub enum Error {
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
-    #[error("model `{0}` not found: not a file, a directory, nor a repo id in the local Hugging Face cache")]
+    #[error(
+        "model `{0}` not found: not a file, a directory, a catalogue name ({names}), nor a repo id in the local \
+         Hugging Face cache",
+        names = crate::catalogue::names()
+    )]
     ModelNotFound(String),
 
-    #[error("could not fetch the default model: {0}")]
+    /// A catalogue model that could not be pulled (registry unreachable, client missing, checksum mismatch).
+    #[error("{0}")]
     Fetch(String),
 
     /// A generation that ended abnormally outside the model (a worker thread that died).
