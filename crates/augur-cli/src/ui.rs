@@ -22,7 +22,7 @@ impl Progress for BarProgress {
     fn start(&mut self, model: &Model) {
         let bar = ProgressBar::new(model.size);
         let style = ProgressStyle::with_template(
-            "{prefix} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta} {wide_msg}",
+            "{prefix} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta} {wide_msg}",
         )
         .expect("a valid template")
         .progress_chars("=> ");
