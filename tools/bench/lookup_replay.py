@@ -15,10 +15,10 @@ and then replays lookup choices over them without a model:
 
 Usage:
   tools/bench/lookup_replay.py collect --augur target/release/augur --model Q.gguf --tokenizer tokenizer.json \
-      --prompts ../shared/data/spec_bench/question.jsonl --per-category 4 --max-new-tokens 128 --out answers.jsonl
+      --prompts data/spec_bench/question.jsonl --per-category 4 --max-new-tokens 128 --out answers.jsonl
   tools/bench/lookup_replay.py replay answers.jsonl [--slope 0.16]
 
-The tokenizer may be Qwen3's tokenizer.json (`fetch-models.sh OUT tokenizers`): same byte-level BPE as Qwen2.5.
+The tokenizer may be Qwen3's tokenizer.json (`augur pull tokenizer-qwen`): same byte-level BPE as Qwen2.5.
 """
 import argparse
 import collections

@@ -21,9 +21,9 @@ use crate::speculation::{self, SpeculationArgs};
 #[derive(Args)]
 #[command(mut_arg("prompt_lookup_num_tokens", |a| a.default_value("10")))]
 pub struct BenchArgs {
-    /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
-    #[arg(long)]
+    #[arg(long, help = crate::MODEL_HELP)]
     model: Option<String>,
+    /// Worker threads for the tensor kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Repetitions; the median is reported (Spec-Bench mode: per prompt and method, the methods taking turns).
@@ -54,6 +54,7 @@ pub struct BenchArgs {
     /// decoding when the assistant's tokenizer differs), early_exit (needs --assistant-early-exit), mtp.
     #[arg(long, value_delimiter = ',', default_value = "prompt_lookup")]
     methods: Vec<String>,
+    /// Spec-Bench mode: new tokens per answer.
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
     /// Spec-Bench mode: the methods' options (prompt lookup copies 10 tokens unless told otherwise).
@@ -69,7 +70,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--reps must be at least 1");
     }
     crate::set_threads(args.threads)?;
-    let mut pipe = Pipeline::load(args.model.as_deref())?;
+    let mut pipe = crate::ui::load_pipeline(args.model.as_deref())?;
     let result = match &args.prompts {
         Some(p) => {
             pipe = args.speculation.attach_assistant(pipe)?;

@@ -5,13 +5,16 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use augur::generation::config::GenerationOptions;
-use augur::pipeline::{LoadedLm, Pipeline, Prompt};
+use augur::pipeline::Prompt;
 use augur::tokenizer::ChatMessage;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 mod bench;
+mod chat;
+mod models;
 mod serve;
 mod speculation;
+mod ui;
 
 use speculation::SpeculationArgs;
 
@@ -26,9 +29,15 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt (argument, --prompt-file, or standard input).
     Generate(GenerateArgs),
+    /// Chat with a model in the terminal: multi-turn, streamed, with per-turn speed and speculation stats.
+    Chat(chat::ChatArgs),
+    /// Fetch catalogue models into augur's model cache (sha256-checked; `all` for every one).
+    Pull(models::PullArgs),
+    /// The catalogue's models and what augur's model cache holds, with sizes.
+    List,
     /// Describe a model: architecture, parameters, quantization, context, tokenizer, chat template.
     Info {
-        /// A GGUF file, a model directory or a Hugging Face repo id (default: the default model).
+        /// A GGUF file, a model directory, a catalogue name or a Hugging Face repo id (default: the default model).
         model: Option<String>,
     },
     /// Serve the model over an OpenAI-compatible HTTP API (completions, chat completions, models, metrics).
@@ -36,17 +45,25 @@ enum Command {
     /// Measure speed: prefill, decode and k-token forward cost; or, with --prompts, plain decoding against
     /// speculative methods over Spec-Bench prompts.
     Bench(bench::BenchArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) to standard output.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
 }
+
+/// The help text of every `--model` flag.
+pub(crate) const MODEL_HELP: &str = "A GGUF file, a model directory, a file in augur's model cache, a catalogue name \
+    (see `augur list`; pulled on first use) or a Hugging Face repo id in the local cache [default: qwen2.5-coder-0.5b]";
 
 #[derive(Args)]
 struct GenerateArgs {
     /// The prompt; read from --prompt-file or standard input when absent.
     prompt: Option<String>,
-    #[arg(long)]
+    /// Read the prompt from this file.
+    #[arg(long, value_name = "FILE")]
     prompt_file: Option<PathBuf>,
-    /// A GGUF file, a model directory or a Hugging Face repo id in the local cache
-    /// (default: SmolLM2-135M-Instruct Q4_1, fetched on first use).
-    #[arg(long)]
+    #[arg(long, help = MODEL_HELP)]
     model: Option<String>,
     /// Apply the model's chat template to the prompt (as a user message).
     #[arg(long)]
@@ -54,43 +71,59 @@ struct GenerateArgs {
     /// A system message (implies --chat).
     #[arg(long)]
     system: Option<String>,
-    #[arg(long)]
-    max_new_tokens: Option<usize>,
-    #[arg(long)]
-    min_new_tokens: Option<usize>,
-    /// Sample instead of greedy decoding.
-    #[arg(long)]
-    do_sample: bool,
-    #[arg(long)]
-    temperature: Option<f32>,
-    #[arg(long)]
-    top_k: Option<usize>,
-    #[arg(long)]
-    top_p: Option<f32>,
-    #[arg(long)]
-    min_p: Option<f32>,
-    #[arg(long)]
-    repetition_penalty: Option<f32>,
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Stop when the text contains this string (repeatable).
-    #[arg(long = "stop")]
-    stop: Vec<String>,
-    /// End-of-sequence token id (repeatable); overrides the model's.
-    #[arg(long = "eos-token-id")]
-    eos_token_id: Vec<u32>,
     /// Worker threads for the tensor kernels (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Print one JSON object {text, tokens, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
     speculation: SpeculationArgs,
 }
 
-impl GenerateArgs {
-    fn options(&self) -> GenerationOptions {
+/// Length, sampling and stopping flags, shared by `generate` and `chat` (Transformers' names and defaults).
+#[derive(Args)]
+pub(crate) struct SamplingArgs {
+    /// Most new tokens (default: the model's generation config, else 20; `augur chat`: 512).
+    #[arg(long, value_name = "N")]
+    max_new_tokens: Option<usize>,
+    /// Fewest new tokens: end-of-sequence is suppressed before them.
+    #[arg(long, value_name = "N")]
+    min_new_tokens: Option<usize>,
+    /// Sample instead of greedy decoding (default: the model's generation config).
+    #[arg(long)]
+    do_sample: bool,
+    /// Sampling temperature.
+    #[arg(long, value_name = "T")]
+    temperature: Option<f32>,
+    /// Sample from the K most likely tokens only.
+    #[arg(long, value_name = "K")]
+    top_k: Option<usize>,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches P.
+    #[arg(long, value_name = "P")]
+    top_p: Option<f32>,
+    /// Drop tokens less likely than P times the most likely one.
+    #[arg(long, value_name = "P")]
+    min_p: Option<f32>,
+    /// Penalise tokens already in the sequence (1 = none).
+    #[arg(long, value_name = "R")]
+    repetition_penalty: Option<f32>,
+    /// Random seed for sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long = "stop", value_name = "STR")]
+    stop: Vec<String>,
+    /// End-of-sequence token id (repeatable); overrides the model's.
+    #[arg(long = "eos-token-id", value_name = "ID")]
+    eos_token_id: Vec<u32>,
+}
+
+impl SamplingArgs {
+    /// The generation options of these flags and the speculation flags.
+    pub(crate) fn options(&self, speculation: &SpeculationArgs) -> GenerationOptions {
         GenerationOptions {
             max_new_tokens: self.max_new_tokens,
             min_new_tokens: self.min_new_tokens,
@@ -103,13 +136,17 @@ impl GenerateArgs {
             seed: self.seed,
             stop_strings: (!self.stop.is_empty()).then(|| self.stop.clone()),
             eos_token_id: (!self.eos_token_id.is_empty()).then(|| self.eos_token_id.clone()),
-            ..self.speculation.options()
+            ..speculation.options()
         }
     }
+}
 
+impl GenerateArgs {
     fn prompt_text(&self) -> Result<String> {
         match (&self.prompt, &self.prompt_file) {
-            (Some(_), Some(_)) => bail!("give the prompt either as an argument or with --prompt-file, not both"),
+            (Some(_), Some(_)) => {
+                bail!("give the prompt either as an argument or with --prompt-file, not both")
+            }
             (Some(p), None) => Ok(p.clone()),
             (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display())),
             (None, None) => {
@@ -121,13 +158,15 @@ impl GenerateArgs {
     }
 }
 
-/// candle's CPU kernels run on rayon's global pool, sized by `RAYON_NUM_THREADS` when it is first used.
+/// Sizes rayon's global pool, which candle's and augur's CPU kernels run on. `RAYON_NUM_THREADS` is set as well:
+/// candle reads it to decide how many ways to split a matrix product.
 pub(crate) fn set_threads(threads: Option<usize>) -> Result<()> {
     if let Some(n) = threads {
         if n == 0 {
             bail!("--threads must be at least 1");
         }
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("cannot size the thread pool")?;
     }
     Ok(())
 }
@@ -145,8 +184,8 @@ fn generate(args: GenerateArgs) -> Result<()> {
     } else {
         Prompt::Text(text)
     };
-    let mut pipe = args.speculation.attach_assistant(Pipeline::load(args.model.as_deref())?)?;
-    let options = args.options();
+    let mut pipe = args.speculation.attach_assistant(ui::load_pipeline(args.model.as_deref())?)?;
+    let options = args.sampling.options(&args.speculation);
     if args.json {
         let out = pipe.generate(&prompt, &options, None)?;
         let json = serde_json::json!({
@@ -192,8 +231,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn info(model: Option<String>) -> Result<()> {
-    let path = augur::resolve::resolve_model(model.as_deref())?;
-    let lm = LoadedLm::load(&path, &augur::Device::Cpu)?;
+    let (path, lm) = ui::load_model(model.as_deref())?;
     let c = lm.config();
     let quant: Vec<String> = lm.weights.dtypes.iter().map(|(d, n)| format!("{d}×{n}")).collect();
     println!("model:          {}", path.display());
@@ -201,7 +239,10 @@ fn info(model: Option<String>) -> Result<()> {
     println!("format:         {}", lm.weights.format);
     println!("parameters:     {} ({:.1} M)", lm.weights.parameters, lm.weights.parameters as f64 / 1e6);
     println!("quantization:   {}", quant.join(", "));
-    println!("layers:         {} (hidden {}, heads {}/{} kv, head_dim {})", c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    println!(
+        "layers:         {} (hidden {}, heads {}/{} kv, head_dim {})",
+        c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    );
     println!("context length: {}", c.max_position_embeddings);
     println!("vocabulary:     {}", c.vocab_size);
     println!("tokenizer:      {} ({} tokens)", lm.tokenizer.kind(), lm.tokenizer.vocab_size());
@@ -213,12 +254,47 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Pull(args) => models::pull(args),
+        Command::List => models::list(),
         Command::Info { model } => info(model),
         Command::Serve(args) => serve::serve(args),
         Command::Bench(args) => bench::run(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "augur", &mut std::io::stdout());
+            Ok(())
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every flag and argument of every subcommand says what it does in `--help`.
+    #[test]
+    fn every_flag_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut cmd = Cli::command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "augur", &mut missing);
+        assert!(missing.is_empty(), "flags without help: {missing:?}");
+        assert!(cmd.get_subcommands().any(|c| c.get_name() == "chat"));
     }
 }

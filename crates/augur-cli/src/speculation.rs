@@ -5,7 +5,29 @@ use std::path::PathBuf;
 use anyhow::Result;
 use augur::generation::config::GenerationOptions;
 use augur::pipeline::Pipeline;
-use clap::Args;
+use clap::{Args, ValueEnum};
+
+/// How the draft length changes between rounds (Transformers' `num_assistant_tokens_schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Schedule {
+    /// The same draft length every round.
+    Constant,
+    /// +2 after a round whose drafts were all accepted, −1 otherwise, carried over to the next call.
+    Heuristic,
+    /// As heuristic, but each call starts again from `num_assistant_tokens`.
+    #[value(name = "heuristic_transient")]
+    HeuristicTransient,
+}
+
+impl Schedule {
+    fn as_str(self) -> &'static str {
+        match self {
+            Schedule::Constant => "constant",
+            Schedule::Heuristic => "heuristic",
+            Schedule::HeuristicTransient => "heuristic_transient",
+        }
+    }
+}
 
 #[derive(Args)]
 pub struct SpeculationArgs {
@@ -16,16 +38,19 @@ pub struct SpeculationArgs {
     #[arg(long, requires = "assistant_model")]
     pub assistant_tokenizer: Option<PathBuf>,
     /// Prompt lookup decoding: copy up to this many tokens from earlier n-gram matches.
-    #[arg(long)]
+    #[arg(long, value_name = "N")]
     pub prompt_lookup_num_tokens: Option<usize>,
-    #[arg(long)]
+    /// Prompt lookup: the longest n-gram matched against the earlier tokens (default 2).
+    #[arg(long, value_name = "N")]
     pub max_matching_ngram_size: Option<usize>,
-    #[arg(long)]
+    /// Assistant model: most tokens drafted per round (default 20).
+    #[arg(long, value_name = "N")]
     pub num_assistant_tokens: Option<usize>,
-    /// constant, heuristic or heuristic_transient.
-    #[arg(long)]
-    pub num_assistant_tokens_schedule: Option<String>,
-    #[arg(long)]
+    /// Assistant model: how the draft length changes from round to round (default constant).
+    #[arg(long, value_enum)]
+    pub num_assistant_tokens_schedule: Option<Schedule>,
+    /// Assistant model: stop drafting a round once the assistant's top probability falls below this (default 0.4).
+    #[arg(long, value_name = "P")]
     pub assistant_confidence_threshold: Option<f32>,
     /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
     /// true); false gives Transformers' exact round structure.
@@ -49,7 +74,7 @@ impl SpeculationArgs {
             prompt_lookup_num_tokens: self.prompt_lookup_num_tokens,
             max_matching_ngram_size: self.max_matching_ngram_size,
             num_assistant_tokens: self.num_assistant_tokens,
-            num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.clone(),
+            num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.map(|s| s.as_str().to_string()),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
             cost_aware_drafting: self.cost_aware_drafting,
             use_mtp: self.use_mtp.then_some(true),
@@ -62,7 +87,8 @@ impl SpeculationArgs {
     /// Attaches `--assistant-model` (and its `--assistant-tokenizer`) to the pipeline, when given.
     pub fn attach_assistant(&self, mut pipe: Pipeline) -> Result<Pipeline> {
         if let Some(a) = &self.assistant_model {
-            pipe = pipe.with_assistant(a)?;
+            let path = crate::ui::resolve(Some(a))?.to_string_lossy().into_owned();
+            pipe = crate::ui::while_loading("loading the assistant", || pipe.with_assistant(&path))?;
             if let Some(t) = &self.assistant_tokenizer {
                 pipe = pipe.with_assistant_tokenizer(t)?;
             }
@@ -132,7 +158,7 @@ mod tests {
             Command::Generate(a) => a.speculation,
             Command::Bench(a) => a.speculation,
             Command::Serve(a) => a.speculation,
-            Command::Info { .. } => unreachable!(),
+            _ => unreachable!(),
         }
     }
 
@@ -174,7 +200,10 @@ mod tests {
         assert_eq!((am.prompt_lookup_num_tokens, am.assistant_early_exit, am.use_mtp), (None, None, None));
         assert_eq!((am.num_assistant_tokens, am.assistant_ensemble_weight), (Some(5), Some(0.5)));
         let ee = method_options("early_exit", &all).unwrap();
-        assert_eq!((ee.assistant_early_exit, ee.num_assistant_tokens, ee.prompt_lookup_num_tokens), (Some(4), Some(5), None));
+        assert_eq!(
+            (ee.assistant_early_exit, ee.num_assistant_tokens, ee.prompt_lookup_num_tokens),
+            (Some(4), Some(5), None)
+        );
         let mtp = method_options("mtp", &all).unwrap();
         assert_eq!((mtp.use_mtp, mtp.prompt_lookup_num_tokens), (Some(true), None));
         let none = GenerationOptions::default();

@@ -24,7 +24,7 @@ fn smollm2() -> String {
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/augur/models"));
     let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run .ci/run (it fetches the real models)", p.display());
+    assert!(p.exists(), "{} is missing: run `cargo run --release -p augur-cli -- pull smollm2-135m`", p.display());
     p.display().to_string()
 }
 

@@ -51,10 +51,15 @@ pub enum Error {
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
-    #[error("model `{0}` not found: not a file, a directory, nor a repo id in the local Hugging Face cache")]
+    #[error(
+        "model `{0}` not found: not a file, a directory, a catalogue name ({names}), nor a repo id in the local \
+         Hugging Face cache",
+        names = crate::catalogue::names()
+    )]
     ModelNotFound(String),
 
-    #[error("could not fetch the default model: {0}")]
+    /// A catalogue model that could not be pulled (registry unreachable, client missing, checksum mismatch).
+    #[error("{0}")]
     Fetch(String),
 
     /// A model gave a NaN or infinite logit (broken weights, or an overflow): no token can be chosen honestly

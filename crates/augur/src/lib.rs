@@ -7,10 +7,12 @@
 //! The README follows; its Rust example is compiled as a doc test.
 #![doc = include_str!("../../../README.md")]
 
+pub mod catalogue;
 pub mod error;
 pub mod generation;
 pub mod model;
 pub mod pipeline;
+pub mod pull;
 pub mod resolve;
 pub mod tokenizer;
 

@@ -37,7 +37,7 @@ fn greedy_matches_transformers_on_the_dequantized_file() {
 
 #[test]
 fn prompt_lookup_is_lossless_on_spec_bench() {
-    let path = PathBufExt::shared().join("data/spec_bench/question.jsonl");
+    let path = spec_bench_questions();
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let lm = load(&real_model(FILE), false);
     let mut pipe = Pipeline { target: lm, assistant: None, defaults: Default::default() };
@@ -70,16 +70,6 @@ fn prompt_lookup_is_lossless_on_spec_bench() {
     }
     assert_eq!(checked, 20);
     assert!(accepted > 0 && drafted > 0, "prompt lookup never drafted or never hit ({accepted}/{drafted})");
-}
-
-/// `../shared` beside the checkout, as CI lays it out (or `AUGUR_SHARED_DIR`).
-struct PathBufExt;
-impl PathBufExt {
-    fn shared() -> std::path::PathBuf {
-        std::env::var_os("AUGUR_SHARED_DIR")
-            .map(Into::into)
-            .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"))
-    }
 }
 
 /// A shortened LM head (`ForwardOptions::head_rows`, an assistant's short head) gives, bit for bit, the first

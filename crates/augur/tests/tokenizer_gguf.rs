@@ -1,8 +1,8 @@
 //! Tokenizers rebuilt from GGUF metadata must encode and decode exactly like the model's published
 //! tokenizer.json (what Transformers uses).
 //!
-//! The files come from `shared/models/fetch-models.sh DIR tokenizers qwen05 gemma3 smollm2`, into
-//! `$AUGUR_MODELS_DIR` (default `$HOME/.cache/augur/models`). A missing file fails the test.
+//! The files come from `augur pull tokenizer-qwen tokenizer-gemma3 qwen2.5-coder-0.5b gemma3-270m smollm2-135m` (as
+//! `.ci/run` does), into `$AUGUR_MODELS_DIR` (default `$HOME/.cache/augur/models`). A missing file fails the test.
 
 use std::path::{Path, PathBuf};
 
@@ -18,14 +18,14 @@ pub fn models_dir() -> PathBuf {
     PathBuf::from(home).join(".cache/augur/models")
 }
 
-fn model_file(name: &str, fetch_group: &str) -> PathBuf {
+fn model_file(name: &str) -> PathBuf {
     let path = models_dir().join(name);
     assert!(
         path.is_file(),
-        "missing test model file {}; fetch it with `bash shared/models/fetch-models.sh {} {fetch_group}` \
+        "missing test model file {}; pull it with `cargo run --release -p augur-cli -- pull {}` \
          (or set AUGUR_MODELS_DIR to the directory that holds it)",
         path.display(),
-        models_dir().display(),
+        augur::catalogue::find(name).map_or(name, |m| m.name),
     );
     path
 }
@@ -150,8 +150,8 @@ fn check_against_reference(tok: &Tokenizer, reference: &tokenizers::Tokenizer, t
 
 #[test]
 fn qwen25_gguf_matches_tokenizer_json() {
-    let tok = gguf_tokenizer(&model_file("qwen2.5-coder-0.5b-instruct.gguf", "qwen05"));
-    let reference = reference(&model_file("tokenizer-qwen3.json", "tokenizers"));
+    let tok = gguf_tokenizer(&model_file("qwen2.5-coder-0.5b-instruct.gguf"));
+    let reference = reference(&model_file("tokenizer-qwen3.json"));
     assert_eq!(tok.kind(), "byte-level BPE (pre-tokenizer `qwen2`)");
     assert_eq!(tok.bos_token_id(), Some(151643));
     assert!(!tok.add_bos_token());
@@ -205,8 +205,8 @@ fn qwen25_gguf_matches_tokenizer_json() {
 
 #[test]
 fn gemma3_gguf_matches_tokenizer_json() {
-    let tok = gguf_tokenizer(&model_file("gemma-3-270m-q4_k_m.gguf", "gemma3"));
-    let reference = reference(&model_file("tokenizer-gemma3.json", "tokenizers"));
+    let tok = gguf_tokenizer(&model_file("gemma-3-270m-q4_k_m.gguf"));
+    let reference = reference(&model_file("tokenizer-gemma3.json"));
     assert_eq!(tok.kind(), "SentencePiece BPE (byte fallback)");
     assert_eq!(tok.bos_token(), Some("<bos>"));
     assert_eq!(tok.bos_token_id(), Some(2));
@@ -250,7 +250,7 @@ fn gemma3_gguf_matches_tokenizer_json() {
 
 #[test]
 fn smollm2_gguf_tokenizer_round_trips() {
-    let tok = gguf_tokenizer(&model_file("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"));
+    let tok = gguf_tokenizer(&model_file("SmolLM2-135M-Instruct.Q4_1.gguf"));
     assert_eq!(tok.kind(), "byte-level BPE (pre-tokenizer `smollm`)");
     assert_eq!(tok.bos_token_id(), Some(1));
     assert_eq!(tok.eos_token_ids(), &[2]);

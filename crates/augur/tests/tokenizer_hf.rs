@@ -1,8 +1,8 @@
 //! Loading Hugging Face tokenizer directories (tokenizer.json + tokenizer_config.json) with the
 //! published Qwen and Gemma 3 tokenizer.json files.
 //!
-//! The files come from `shared/models/fetch-models.sh DIR tokenizers`, into `$AUGUR_MODELS_DIR`
-//! (default `$HOME/.cache/augur/models`). A missing file fails the test.
+//! The files come from `augur pull tokenizer-qwen tokenizer-gemma3` (as `.ci/run` does), into augur's model cache
+//! (`$AUGUR_MODELS_DIR`, default `$HOME/.cache/augur/models`). A missing file fails the test.
 
 use std::path::{Path, PathBuf};
 
@@ -21,10 +21,10 @@ fn model_file(name: &str) -> PathBuf {
     let path = models_dir().join(name);
     assert!(
         path.is_file(),
-        "missing test file {}; fetch it with `bash shared/models/fetch-models.sh {} tokenizers` \
+        "missing test file {}; pull it with `cargo run --release -p augur-cli -- pull {}` \
          (or set AUGUR_MODELS_DIR to the directory that holds it)",
         path.display(),
-        models_dir().display(),
+        augur::catalogue::find(name).map_or(name, |m| m.name),
     );
     path
 }

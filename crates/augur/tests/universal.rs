@@ -149,10 +149,7 @@ fn universal_greedy_is_lossless_on_tiny_fixtures_both_ways() {
 /// Short Spec-Bench questions, first of a few categories (long ones would make the test minutes long on 2
 /// cores).
 fn spec_bench_prompts(n: usize) -> Vec<String> {
-    let shared = std::env::var_os("AUGUR_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared"));
-    let path = shared.join("data/spec_bench/question.jsonl");
+    let path = spec_bench_questions();
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();

@@ -37,9 +37,9 @@ use crate::speculation::SpeculationArgs;
 #[command(after_help = "The speculation flags, as for `generate`, set each request's default speculation; a request \
                        overrides it with its `speculation` field.")]
 pub struct ServeArgs {
-    /// A GGUF file, a model directory or a Hugging Face repo id in the local cache (default: the default model).
-    #[arg(long)]
+    #[arg(long, help = crate::MODEL_HELP)]
     model: Option<String>,
+    /// The address to listen on (0.0.0.0 for every interface).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// 0 picks a free port; the address is printed on the first line of standard output.
@@ -149,7 +149,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--parallel must be at least 1");
     }
     super::set_threads(args.threads)?;
-    let pipe = args.speculation.attach_assistant(Pipeline::load(args.model.as_deref())?)?;
+    let pipe = args.speculation.attach_assistant(crate::ui::load_pipeline(args.model.as_deref())?)?;
     // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
     let first = pipe.fork()?;
     let path = pipe.target.path.clone();

@@ -21,16 +21,22 @@ pub fn golden(name: &str) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// A real model file in augur's model cache; fails (never skips) when it was not fetched.
+/// The Spec-Bench prompt set, kept in the repository (`data/spec_bench`).
+pub fn spec_bench_questions() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/spec_bench/question.jsonl")
+}
+
+/// A real model file in augur's model cache; fails (never skips) when it was not pulled, naming the command.
 pub fn real_model(file: &str) -> PathBuf {
     let p = augur::resolve::models_dir().join(file);
-    assert!(
-        p.exists(),
-        "{} is missing: run `bash ../shared/models/fetch-models.sh {}` (as .ci/run does)",
-        p.display(),
-        augur::resolve::models_dir().display()
-    );
+    assert!(p.exists(), "{} is missing: {}", p.display(), pull_hint(file));
     p
+}
+
+/// How to get the catalogue file `file` into the cache (as `.ci/run` does).
+pub fn pull_hint(file: &str) -> String {
+    let name = augur::catalogue::find(file).map_or(file, |m| m.name);
+    format!("run `cargo run --release -p augur-cli -- pull {name}` (as .ci/run does)")
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {

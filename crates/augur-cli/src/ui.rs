@@ -1,0 +1,103 @@
+//! What the CLI shows while it waits: a progress bar for a pull and a spinner for a slow model load on a
+//! terminal, plain lines (pulls) or nothing (loads) when stderr is a file or a pipe.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
+use anyhow::Result;
+use augur::catalogue::Model;
+use augur::pipeline::{LoadedLm, Pipeline};
+use augur::pull::{PlainProgress, Progress};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// A pull's progress as an indicatif bar: bytes, speed and time left, with the current step as its message.
+#[derive(Default)]
+struct BarProgress {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress for BarProgress {
+    fn start(&mut self, model: &Model) {
+        let bar = ProgressBar::new(model.size);
+        let style = ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec} eta {eta} {wide_msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(format!("pulling {}", model.name));
+        bar.enable_steady_tick(Duration::from_millis(200));
+        self.bar = Some(bar);
+    }
+    fn step(&mut self, message: &str) {
+        match &self.bar {
+            Some(bar) => bar.set_message(message.to_string()),
+            None => eprintln!("augur: {message}"),
+        }
+    }
+    fn position(&mut self, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(bytes);
+        }
+    }
+    fn finish(&mut self, model: &Model, message: &str) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        eprintln!("augur: {}: {message}", model.name);
+    }
+}
+
+/// The progress reporter for pulls: a bar on a terminal, plain lines otherwise.
+pub fn progress() -> Box<dyn Progress> {
+    if std::io::stderr().is_terminal() {
+        Box::new(BarProgress::default())
+    } else {
+        Box::new(PlainProgress::default())
+    }
+}
+
+/// `--model` as a local path, pulling a missing catalogue model with progress.
+pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
+    Ok(augur::resolve::resolve_model_with(spec, progress().as_mut())?)
+}
+
+/// Runs `f`, showing a spinner labelled `what` on a terminal once it has taken more than a second.
+pub fn while_loading<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    if !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let (done, wait) = mpsc::channel::<()>();
+    let label = what.to_string();
+    let spinner = std::thread::spawn(move || {
+        if wait.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
+            return;
+        }
+        let bar = ProgressBar::new_spinner();
+        bar.set_message(label);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        let _ = wait.recv();
+        bar.finish_and_clear();
+    });
+    let out = f();
+    drop(done);
+    let _ = spinner.join();
+    out
+}
+
+/// A model loaded from `--model` (pulled first when it is a missing catalogue model), with a spinner while it
+/// loads.
+pub fn load_model(spec: Option<&str>) -> Result<(PathBuf, LoadedLm)> {
+    let path = resolve(spec)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let lm = while_loading(&format!("loading {name}"), || LoadedLm::load(&path, &augur::Device::Cpu))?;
+    Ok((path, lm))
+}
+
+/// The pipeline over `--model`.
+pub fn load_pipeline(spec: Option<&str>) -> Result<Pipeline> {
+    let (_, target) = load_model(spec)?;
+    Ok(Pipeline { target, assistant: None, defaults: Default::default() })
+}
