@@ -8,6 +8,7 @@
 #![doc = include_str!("../../../README.md")]
 
 pub mod error;
+pub mod fuzzing;
 pub mod generation;
 pub mod model;
 pub mod pipeline;
