@@ -260,3 +260,27 @@ fn sentencepiece_tokens_too_long_to_derive_merges() {
     let e = augur::fuzzing::gguf_tokenizer(&b).unwrap_err().to_string();
     assert!(e.contains("`tokenizer.ggml.tokens`") && e.contains("too long"), "{e}");
 }
+
+#[test]
+fn the_gguf_reader_reads_real_files_as_candle_does() {
+    use augur::model::gguf;
+    use candle_core::quantized::gguf_file::Content;
+    let files = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct.gguf"];
+    for name in files {
+        let path = real_model(name);
+        let mut f = std::fs::File::open(&path).unwrap();
+        let theirs = Content::read(&mut f).unwrap();
+        let len = f.metadata().unwrap().len();
+        let ours = gguf::read(&mut std::io::BufReader::new(std::fs::File::open(&path).unwrap()), len, &path).unwrap();
+        assert_eq!(ours.tensor_data_offset, theirs.tensor_data_offset, "{name}");
+        assert_eq!(ours.metadata.len(), theirs.metadata.len(), "{name}");
+        for (k, v) in &theirs.metadata {
+            assert_eq!(format!("{:?}", ours.metadata[k]), format!("{v:?}"), "{name}: {k}");
+        }
+        assert_eq!(ours.tensor_infos.len(), theirs.tensor_infos.len(), "{name}");
+        for (k, t) in &theirs.tensor_infos {
+            let o = &ours.tensor_infos[k];
+            assert_eq!((o.ggml_dtype, o.shape.dims(), o.offset), (t.ggml_dtype, t.shape.dims(), t.offset), "{name}: {k}");
+        }
+    }
+}
