@@ -258,7 +258,9 @@ fn read_at(file: &Mutex<File>, offset: u64, buf: &mut [u8]) -> std::io::Result<(
     file.read_exact(buf)
 }
 
-/// Bytes of one stored row of `cols` elements of `dtype`.
+/// Bytes of one stored row of `cols` elements of `dtype`. The reader checked every GGUF tensor's size and end
+/// against the file ([`super::gguf::read`]), so row offsets within a tensor (`start + row · row_bytes`) stay
+/// inside the file and cannot overflow.
 fn row_bytes(dtype: GgmlDType, cols: usize) -> usize {
     cols / dtype.block_size() * dtype.type_size()
 }
