@@ -408,6 +408,36 @@ mod tests {
     use super::*;
     use crate::tokenizer::tests::byte_level_tokenizer;
 
+    /// Qwen2.5's published template (the fuzz seed cut from the real GGUF: the template, then a NUL).
+    fn qwen_template() -> String {
+        let seed = include_bytes!("../../../../fuzz/seeds/chat_template/qwen2.5-coder-0.5b-instruct");
+        let end = seed.iter().position(|&b| b == 0).unwrap();
+        String::from_utf8(seed[..end].to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_long_conversation_renders_within_the_fuel() {
+        let msgs: Vec<ChatMessage> = (0..20_000)
+            .map(|i| if i % 2 == 0 { ChatMessage::user(format!("q{i}")) } else { ChatMessage::assistant(format!("a{i}")) })
+            .collect();
+        let specials = [("eos_token", Some("<|endoftext|>"))];
+        let text = render_with(&qwen_template(), &msgs, true, &specials).unwrap();
+        assert!(text.ends_with("a19999<|im_end|>\n<|im_start|>assistant\n"), "{}", &text[text.len() - 80..]);
+    }
+
+    #[test]
+    fn looping_templates_are_stopped() {
+        let forever = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+        let e = render_with(forever, &[], false, &[]).unwrap_err().to_string();
+        assert!(e.contains("fuel"), "{e}");
+        let long = "{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let e = render_with(long, &[], false, &[]).unwrap_err().to_string();
+        assert!(e.contains("exceeds the limit of 67108864 bytes"), "{e}");
+        let wide = "{{ messages | tojson(indent=1000000000000) }}";
+        let e = render_with(wide, &[ChatMessage::user("hi")], false, &[]).unwrap_err().to_string();
+        assert!(e.contains("tojson: indent exceeds the limit"), "{e}");
+    }
+
     #[test]
     fn chatml_rendering() {
         let tok = byte_level_tokenizer();
