@@ -111,14 +111,13 @@ pub fn read(reader: &mut impl Read, file_len: u64, path: &Path) -> Result<Conten
                 info.offset
             )));
         }
-        let end = info.offset.checked_add(size).filter(|&end| end <= data_len).ok_or_else(|| {
+        info.offset.checked_add(size).filter(|&end| end <= data_len).ok_or_else(|| {
             r.bad(format!(
                 "truncated: tensor `{name}` needs {size} bytes at offset {} of the tensor data, which holds only \
                  {data_len} bytes",
                 info.offset
             ))
         })?;
-        debug_assert!(end <= data_len);
         total = total.saturating_add(size);
     }
     if total > data_len {
@@ -168,7 +167,7 @@ fn dtype(ty: u32) -> Option<GgmlDType> {
     })
 }
 
-/// `general.alignment`, read from the integer types candle reads it from; a power of two up to [`MAX_ALIGNMENT`].
+/// `general.alignment`, of any integer type (llama.cpp writes u32); a power of two up to [`MAX_ALIGNMENT`].
 fn alignment(metadata: &HashMap<String, Value>) -> std::result::Result<u64, String> {
     let a = match metadata.get("general.alignment") {
         None => return Ok(DEFAULT_ALIGNMENT),
@@ -178,6 +177,8 @@ fn alignment(metadata: &HashMap<String, Value>) -> std::result::Result<u64, Stri
         Some(Value::I8(v)) => *v as i64,
         Some(Value::I16(v)) => *v as i64,
         Some(Value::I32(v)) => *v as i64,
+        Some(Value::U64(v)) => i64::try_from(*v).unwrap_or(i64::MAX),
+        Some(Value::I64(v)) => *v,
         Some(v) => return Err(format!("should be an integer, found {:?}", v.value_type())),
     };
     if a <= 0 || !(a as u64).is_power_of_two() || a as u64 > MAX_ALIGNMENT {
@@ -329,5 +330,22 @@ impl<R: Read> Reader<'_, R> {
             12 => Value::F64(f64::from_le_bytes(self.bytes(what)?)),
             t => return Err(self.bad(format!("{what} has unknown type {t}"))),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_is_a_power_of_two_of_any_integer_type() {
+        let of = |v: Value| alignment(&HashMap::from([("general.alignment".to_string(), v)]));
+        assert_eq!(alignment(&HashMap::new()), Ok(32));
+        assert_eq!(of(Value::U32(64)), Ok(64));
+        assert_eq!(of(Value::U64(16)), Ok(16));
+        for bad in [Value::U32(0), Value::U32(48), Value::I32(-32), Value::U64(1 << 40)] {
+            assert!(of(bad).unwrap_err().contains("power of two"));
+        }
+        assert!(of(Value::F32(32.0)).unwrap_err().contains("should be an integer"));
     }
 }
