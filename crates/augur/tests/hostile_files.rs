@@ -280,7 +280,20 @@ fn the_gguf_reader_reads_real_files_as_candle_does() {
         assert_eq!(ours.tensor_infos.len(), theirs.tensor_infos.len(), "{name}");
         for (k, t) in &theirs.tensor_infos {
             let o = &ours.tensor_infos[k];
-            assert_eq!((o.ggml_dtype, o.shape.dims(), o.offset), (t.ggml_dtype, t.shape.dims(), t.offset), "{name}: {k}");
+            assert_eq!(
+                (o.ggml_dtype, o.shape.dims(), o.offset),
+                (t.ggml_dtype, t.shape.dims(), t.offset),
+                "{name}: {k}"
+            );
         }
     }
+}
+
+#[test]
+fn nan_sentencepiece_score() {
+    // Found by the gguf_tokenizer fuzz target: a NaN score made the merge sort panic (not a total order).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/regressions/gguf_tokenizer/nan-score-breaks-the-merge-sort");
+    let e = augur::fuzzing::gguf_tokenizer(&std::fs::read(path).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("`tokenizer.ggml.scores`[") && e.contains("is NaN"), "{e}");
 }

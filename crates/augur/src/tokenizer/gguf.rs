@@ -381,6 +381,10 @@ fn sentencepiece_bpe(
         .iter()
         .map(|v| as_f64(v).ok_or_else(|| meta.bad("`tokenizer.ggml.scores` holds a non-number")))
         .collect::<Result<Vec<_>>>()?;
+    // The merges are sorted by score: a NaN would break the order (the sort panics on it).
+    if let Some(i) = scores.iter().position(|s| s.is_nan()) {
+        return Err(meta.bad(format!("`tokenizer.ggml.scores`[{i}] is NaN")));
+    }
 
     let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, tok) in tokens.iter().enumerate() {
