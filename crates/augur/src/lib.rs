@@ -9,6 +9,7 @@
 
 pub mod catalogue;
 pub mod error;
+pub mod fuzzing;
 pub mod generation;
 pub mod model;
 pub mod pipeline;

@@ -278,6 +278,37 @@ fn yarn_mscale(scale: f64, m: f64) -> f64 {
     }
 }
 
+/// Most decoder layers a config may declare (the largest published models have about 130): a layer list is
+/// allocated from this count before any weight is read.
+pub const MAX_LAYERS: usize = 1 << 12;
+/// Largest vocabulary (Gemma's 262,144 tokens is the largest published).
+pub const MAX_VOCAB: usize = 1 << 22;
+/// Largest width of any kind (hidden, intermediate, head size, head and expert counts): tensor shapes are products
+/// of a few of these, which then fit in 64 bits with room to spare.
+pub const MAX_WIDTH: usize = 1 << 20;
+
+/// A config error with the file named before the field.
+fn in_file(e: Error, path: &Path) -> Error {
+    match e {
+        Error::Config { field, reason } => Error::Config { field: format!("{}: {field}", path.display()), reason },
+        other => other,
+    }
+}
+
+fn positive(v: usize, field: &str) -> Result<usize> {
+    if v == 0 {
+        return Err(Error::config(field, "must be positive"));
+    }
+    Ok(v)
+}
+
+pub(crate) fn at_most(v: usize, max: usize, field: &str) -> Result<usize> {
+    if v > max {
+        return Err(Error::config(field, format!("{v} exceeds the limit of {max}")));
+    }
+    Ok(v)
+}
+
 fn required<T>(v: Option<T>, field: &str) -> Result<T> {
     v.ok_or_else(|| Error::config(field, "missing"))
 }
@@ -347,12 +378,12 @@ impl ModelConfig {
     /// Reads a Hugging Face `config.json`.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_hf_json(&text).map_err(|e| match e {
-            Error::Config { field, reason } => {
-                Error::Config { field: format!("{}: {field}", path.display()), reason }
-            }
-            other => other,
-        })
+        Self::from_hf_json(&text).map_err(|e| in_file(e, path))
+    }
+
+    /// [`Self::from_gguf`] with errors that name the file.
+    pub fn from_gguf_file(content: &gguf_file::Content, path: &Path) -> Result<Self> {
+        Self::from_gguf(content).map_err(|e| in_file(e, path))
     }
 
     pub fn from_hf_json(text: &str) -> Result<Self> {
@@ -381,8 +412,9 @@ impl ModelConfig {
         let gemma4 = matches!(architecture, Architecture::Gemma4 | Architecture::Gemma4Assistant);
 
         let hidden_size = required(c.hidden_size, "hidden_size")?;
-        let num_attention_heads = required(c.num_attention_heads, "num_attention_heads")?;
-        let num_hidden_layers = required(c.num_hidden_layers, "num_hidden_layers")?;
+        let num_attention_heads = positive(required(c.num_attention_heads, "num_attention_heads")?, "num_attention_heads")?;
+        let num_hidden_layers =
+            at_most(required(c.num_hidden_layers, "num_hidden_layers")?, MAX_LAYERS, "num_hidden_layers")?;
         let head_dim = match (c.head_dim, architecture) {
             // Transformers sets DeepSeek's `head_dim` to the rotary part of each head.
             (_, Architecture::DeepseekV3) => c.qk_rope_head_dim.unwrap_or(64),
@@ -464,7 +496,7 @@ impl ModelConfig {
             Architecture::DeepseekV3 => {
                 let qk_nope_head_dim = c.qk_nope_head_dim.unwrap_or(128);
                 let qk_rope_head_dim = c.qk_rope_head_dim.unwrap_or(64);
-                let mut softmax_scale = ((qk_nope_head_dim + qk_rope_head_dim) as f64).powf(-0.5);
+                let mut softmax_scale = (qk_nope_head_dim as f64 + qk_rope_head_dim as f64).powf(-0.5);
                 if let Some((all_dim, factor)) = rope_mscale.filter(|(m, _)| *m != 0.0) {
                     let m = yarn_mscale(factor, all_dim);
                     softmax_scale *= m * m;
@@ -594,9 +626,12 @@ impl ModelConfig {
         let f = |k: &str| -> Option<f64> { md.get(&key(k)).and_then(|v| v.to_f32().ok()).map(f64::from) };
 
         let hidden_size = u("embedding_length")?;
-        let num_attention_heads = u("attention.head_count")?;
-        let num_hidden_layers = u("block_count")?;
-        let head_dim = u("attention.key_length").unwrap_or(hidden_size / num_attention_heads);
+        let num_attention_heads = positive(u("attention.head_count")?, &key("attention.head_count"))?;
+        let num_hidden_layers = at_most(u("block_count")?, MAX_LAYERS, &key("block_count"))?;
+        let head_dim = match u("attention.key_length") {
+            Ok(d) => d,
+            Err(_) => hidden_size / num_attention_heads,
+        };
         let vocab_size = match u("vocab_size") {
             Ok(v) => v,
             Err(_) => md
@@ -680,6 +715,36 @@ impl ModelConfig {
             if v == 0 {
                 return Err(Error::config(field, "must be positive"));
             }
+        }
+        at_most(self.num_hidden_layers, MAX_LAYERS, "num_hidden_layers")?;
+        at_most(self.num_mtp_layers, MAX_LAYERS, "num_nextn_predict_layers")?;
+        at_most(self.vocab_size, MAX_VOCAB, "vocab_size")?;
+        let mut widths = vec![
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("sliding_window", self.sliding_window.unwrap_or(0)),
+        ];
+        if let Some(m) = &self.moe {
+            widths.extend([
+                ("moe_intermediate_size", m.moe_intermediate_size),
+                ("n_routed_experts", m.n_routed_experts),
+                ("n_shared_experts", m.n_shared_experts),
+            ]);
+        }
+        if let Some(m) = &self.mla {
+            widths.extend([
+                ("q_lora_rank", m.q_lora_rank.unwrap_or(0)),
+                ("kv_lora_rank", m.kv_lora_rank),
+                ("qk_nope_head_dim", m.qk_nope_head_dim),
+                ("qk_rope_head_dim", m.qk_rope_head_dim),
+                ("v_head_dim", m.v_head_dim),
+            ]);
+        }
+        for (field, v) in widths {
+            at_most(v, MAX_WIDTH, field)?;
         }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(Error::config(

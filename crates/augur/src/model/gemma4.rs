@@ -10,7 +10,7 @@
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::config::{LayerKind, ModelConfig, RopeLayout};
+use super::config::{at_most, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
 use super::kv_cache::KvCache;
 use super::layers::{attend, flat, AttendShape, Mlp, Rope, RmsNorm};
 use super::weights::{Embedding, Linear, Weights};
@@ -65,6 +65,12 @@ impl Gemma4Config {
         if g.num_kv_shared_layers > cfg.num_hidden_layers {
             return Err(Error::config("num_kv_shared_layers", "exceeds num_hidden_layers"));
         }
+        // Rotary tables and projections are sized from these before any weight is read.
+        let (head_dim, kv_heads) = g.head_shape(cfg, LayerKind::Full);
+        at_most(head_dim, MAX_WIDTH, "global_head_dim")?;
+        at_most(kv_heads, MAX_WIDTH, "num_global_key_value_heads")?;
+        at_most(g.hidden_size_per_layer_input, MAX_WIDTH, "hidden_size_per_layer_input")?;
+        at_most(g.vocab_size_per_layer_input, MAX_VOCAB, "vocab_size_per_layer_input")?;
         Ok(g)
     }
 

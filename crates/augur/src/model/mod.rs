@@ -8,6 +8,7 @@ mod gemma3;
 mod glm4_moe;
 pub mod gemma4;
 pub mod gemma4_assistant;
+pub mod gguf;
 // AVX-512 kernels only: elsewhere Q4_K and Q6_K run on candle's.
 #[cfg(target_arch = "x86_64")]
 mod kquants;
@@ -193,7 +194,7 @@ pub fn load_reading_gguf<T>(
         let mut w = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
         let content = w.gguf().expect("open_gguf gives GGUF weights");
-        let mut cfg = ModelConfig::from_gguf(content)?;
+        let mut cfg = ModelConfig::from_gguf_file(content, path)?;
         let read = read(content)?;
         w.drop_gguf_metadata();
         if w.contains("rope_freqs.weight") {

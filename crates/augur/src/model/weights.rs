@@ -300,7 +300,9 @@ fn read_at(file: &Mutex<File>, offset: u64, buf: &mut [u8]) -> std::io::Result<(
     file.read_exact(buf)
 }
 
-/// Bytes of one stored row of `cols` elements of `dtype`.
+/// Bytes of one stored row of `cols` elements of `dtype`. The reader checked every GGUF tensor's size and end
+/// against the file ([`super::gguf::read`]), so row offsets within a tensor (`start + row · row_bytes`) stay
+/// inside the file and cannot overflow.
 fn row_bytes(dtype: GgmlDType, cols: usize) -> usize {
     cols / dtype.block_size() * dtype.type_size()
 }
@@ -336,34 +338,43 @@ fn gguf_name(arch: Architecture, hf: &str) -> String {
     format!("blk.{layer}.{g}.{suffix}")
 }
 
+/// The shard files that `model.safetensors.index.json` (at `index`, read as `text`) lists, each inside `dir`.
+///
+/// A shard name must be a relative path of plain components: `..`, a root or a drive prefix would let a
+/// downloaded index open files outside the model directory. The check is on the name, not on the resolved path,
+/// since the Hugging Face cache keeps shards as symlinks into its blob store.
+pub fn shard_paths(dir: &Path, index: &Path, text: &str) -> Result<Vec<PathBuf>> {
+    let bad = |reason: String| Error::BadFile { path: index.to_path_buf(), format: "safetensors index", reason };
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut shards = Vec::new();
+    for (tensor, shard) in map {
+        let shard =
+            shard.as_str().ok_or_else(|| bad(format!("`weight_map.{tensor}` should be a file name, found {shard}")))?;
+        let plain =
+            !shard.is_empty() && Path::new(shard).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(bad(format!("`weight_map.{tensor}` = {shard:?} is not a file name inside the model directory")));
+        }
+        shards.push(dir.join(shard));
+    }
+    shards.sort();
+    shards.dedup();
+    Ok(shards)
+}
+
 fn gguf_error(path: &Path, reason: impl ToString) -> Error {
     Error::BadFile { path: path.to_path_buf(), format: "GGUF", reason: reason.to_string() }
 }
 
 impl Weights {
-    /// Opens a GGUF file and checks that every tensor it lists lies inside the file.
+    /// Opens a GGUF file and checks that every tensor it lists lies inside the file (see [`super::gguf`]).
     pub fn open_gguf(path: &Path, device: &Device) -> Result<Self> {
-        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-        let content = gguf_file::Content::read(&mut f).map_err(|e| gguf_error(path, e))?;
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
         let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-        let data_len = file_len.saturating_sub(content.tensor_data_offset);
-        for (name, info) in &content.tensor_infos {
-            let elems = info.shape.elem_count();
-            let block = info.ggml_dtype.block_size();
-            if elems % block != 0 {
-                return Err(gguf_error(path, format!("tensor `{name}` has {elems} elements, not a multiple of its block size {block}")));
-            }
-            let size = (elems / block * info.ggml_dtype.type_size()) as u64;
-            if info.offset + size > data_len {
-                return Err(gguf_error(
-                    path,
-                    format!(
-                        "truncated: tensor `{name}` ends at byte {} of the tensor data, which holds only {data_len} bytes",
-                        info.offset + size
-                    ),
-                ));
-            }
-        }
+        let mut reader = std::io::BufReader::new(f);
+        let content = super::gguf::read(&mut reader, file_len, path)?;
+        let f = reader.into_inner();
         let arch_name = content
             .metadata
             .get("general.architecture")
@@ -404,21 +415,7 @@ impl Weights {
             vec![single]
         } else if index.exists() {
             let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::BadFile {
-                path: index.clone(),
-                format: "safetensors index",
-                reason: e.to_string(),
-            })?;
-            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::BadFile {
-                path: index.clone(),
-                format: "safetensors index",
-                reason: "no `weight_map` object".into(),
-            })?;
-            let mut shards: Vec<PathBuf> =
-                map.values().filter_map(|v| v.as_str()).map(|s| dir.join(s)).collect();
-            shards.sort();
-            shards.dedup();
-            shards
+            shard_paths(dir, &index, &text)?
         } else {
             return Err(Error::io(
                 &single,
@@ -432,7 +429,13 @@ impl Weights {
         }
         // SAFETY: the files are mapped read-only and not modified while mapped.
         let tensors = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&files) }.map_err(|e| {
-            Error::BadFile { path: dir.to_path_buf(), format: "safetensors", reason: e.to_string() }
+            // Name the shard at fault: the first that does not open alone (SAFETY as above).
+            let path = files
+                .iter()
+                .find(|f| unsafe { candle_core::safetensors::MmapedSafetensors::new(f) }.is_err())
+                .unwrap_or(&dir.to_path_buf())
+                .clone();
+            Error::BadFile { path, format: "safetensors", reason: e.to_string() }
         })?;
         Ok(Weights {
             source: Source::Safetensors { tensors },

@@ -9,6 +9,7 @@
 //! `tests/tokenizer_gguf.rs` checks whole GGUF tokenizers against the published `tokenizer.json` files.
 
 use std::collections::{BinaryHeap, HashMap};
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -59,6 +60,9 @@ struct Tables {
     index: Vec<u32>,
     /// Distinct spellings: the crate's vocabulary size.
     distinct: usize,
+    /// The index's hash, keyed at random per process: the vocabulary comes from a downloaded file, and with a fixed
+    /// hash (FNV-1a before) spellings chosen to share slots turn the linear probing, and the load, quadratic.
+    hasher: std::collections::hash_map::RandomState,
     /// `(left, right) → (rank, merged id)`.
     merges: HashMap<(u32, u32), (u32, u32)>,
     unk_token: Option<String>,
@@ -66,11 +70,6 @@ struct Tables {
 }
 
 const EMPTY: u32 = u32::MAX;
-
-fn hash(s: &str) -> u64 {
-    // FNV-1a: short keys, no adversary.
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
-}
 
 impl CompactBpe {
     /// `tokens`: spellings by id; `merges`: pairs of spellings, by rank. Mirrors the crate's builder: the first id
@@ -94,6 +93,7 @@ impl CompactBpe {
             ends,
             index: vec![EMPTY; slots],
             distinct: 0,
+            hasher: std::collections::hash_map::RandomState::new(),
             merges: HashMap::with_capacity(merges.len()),
             unk_token,
             ignore_merges,
@@ -147,7 +147,7 @@ impl Tables {
     /// The slot holding `s`, or the empty slot where it would go.
     fn slot(&self, s: &str) -> usize {
         let mask = self.index.len() - 1;
-        let mut slot = hash(s) as usize & mask;
+        let mut slot = self.hasher.hash_one(s) as usize & mask;
         while self.index[slot] != EMPTY && self.spelling(self.index[slot]) != s {
             slot = (slot + 1) & mask;
         }

@@ -88,7 +88,7 @@ fn render(template: &str, messages: &[ChatMessage], add_generation_prompt: bool,
 
 /// Renders with the given special tokens as variables (absent ones stay undefined, as in
 /// Transformers, which passes only the tokens the tokenizer has).
-fn render_with(
+pub(crate) fn render_with(
     template: &str,
     messages: &[ChatMessage],
     add_generation_prompt: bool,
@@ -106,13 +106,49 @@ fn render_with(
             ctx.insert(name, Value::from(*v));
         }
     }
-    tmpl.render(ctx).map_err(template_error)
+    let mut out = CappedWriter { text: Vec::new(), overflowed: false };
+    let rendered = tmpl.render_captured_to(ctx, &mut out).map(drop);
+    match rendered {
+        Ok(()) => String::from_utf8(out.text).map_err(|e| Error::ChatTemplate(format!("rendered text: {e}"))),
+        Err(_) if out.overflowed => {
+            Err(Error::ChatTemplate(format!("the rendered text exceeds the limit of {MAX_RENDERED_BYTES} bytes")))
+        }
+        Err(e) => Err(template_error(e)),
+    }
+}
+
+/// Instructions a template may run for one rendering: real templates take a few hundred per message, while a
+/// template from a downloaded file can loop (nested `range`s) long enough to hang the loader.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Longest rendered prompt: far past any context window, and short of what a looping template could write.
+const MAX_RENDERED_BYTES: usize = 1 << 26;
+
+/// Collects the rendered text and fails the rendering once it passes [`MAX_RENDERED_BYTES`].
+struct CappedWriter {
+    text: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("rendered text too long"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The Jinja environment Transformers builds (`ImmutableSandboxedEnvironment(trim_blocks=True,
 /// lstrip_blocks=True)` plus its globals and filters).
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -147,11 +183,23 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<Value, minijinja:
         None if indent.is_some() => (",".to_string(), ": ".to_string()),
         None => (", ".to_string(), ": ".to_string()),
     };
+    if indent.is_some_and(|n| n > MAX_JSON_INDENT) {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: indent exceeds the limit of {MAX_JSON_INDENT}"),
+        ));
+    }
     let opts = JsonOpts { indent, sort_keys: sort_keys.unwrap_or(false), item_sep, key_sep };
     let mut out = String::new();
     write_json(&value, &opts, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
+
+/// Widest `tojson` indent: each line's indent is `indent × depth` spaces, so a template could ask for any amount
+/// of memory through it.
+const MAX_JSON_INDENT: usize = 64;
+/// Deepest nesting `tojson` writes (it recurses once per level).
+const MAX_JSON_DEPTH: usize = 256;
 
 struct JsonOpts {
     indent: Option<usize>,
@@ -179,6 +227,9 @@ fn write_json_string(s: &str, out: &mut String) {
 }
 
 fn write_json(v: &Value, o: &JsonOpts, depth: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: nesting deeper than {MAX_JSON_DEPTH}")));
+    }
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = o.indent {
             out.push('\n');
@@ -356,6 +407,36 @@ fn strftime(format: &str, unix_secs: i64) -> std::result::Result<String, minijin
 mod tests {
     use super::*;
     use crate::tokenizer::tests::byte_level_tokenizer;
+
+    /// Qwen2.5's published template (the fuzz seed cut from the real GGUF: the template, then a NUL).
+    fn qwen_template() -> String {
+        let seed = include_bytes!("../../../../fuzz/seeds/chat_template/qwen2.5-coder-0.5b-instruct");
+        let end = seed.iter().position(|&b| b == 0).unwrap();
+        String::from_utf8(seed[..end].to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_long_conversation_renders_within_the_fuel() {
+        let msgs: Vec<ChatMessage> = (0..20_000)
+            .map(|i| if i % 2 == 0 { ChatMessage::user(format!("q{i}")) } else { ChatMessage::assistant(format!("a{i}")) })
+            .collect();
+        let specials = [("eos_token", Some("<|endoftext|>"))];
+        let text = render_with(&qwen_template(), &msgs, true, &specials).unwrap();
+        assert!(text.ends_with("a19999<|im_end|>\n<|im_start|>assistant\n"), "{}", &text[text.len() - 80..]);
+    }
+
+    #[test]
+    fn looping_templates_are_stopped() {
+        let forever = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+        let e = render_with(forever, &[], false, &[]).unwrap_err().to_string();
+        assert!(e.contains("fuel"), "{e}");
+        let long = "{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let e = render_with(long, &[], false, &[]).unwrap_err().to_string();
+        assert!(e.contains("exceeds the limit of 67108864 bytes"), "{e}");
+        let wide = "{{ messages | tojson(indent=1000000000000) }}";
+        let e = render_with(wide, &[ChatMessage::user("hi")], false, &[]).unwrap_err().to_string();
+        assert!(e.contains("tojson: indent exceeds the limit"), "{e}");
+    }
 
     #[test]
     fn chatml_rendering() {

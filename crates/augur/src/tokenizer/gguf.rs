@@ -38,6 +38,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use super::{special_ids, AnyModel, CompactBpe, Inner, Tokenizer};
 use crate::error::{Error, Result};
+use crate::model::config::MAX_VOCAB;
 
 /// `tokenizer.ggml.pre` values this module knows how to rebuild for byte-level BPE vocabularies.
 pub const SUPPORTED_PRE_TOKENIZERS: &[&str] = &[
@@ -170,6 +171,9 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
         .ok_or_else(|| meta.bad("tokenizer metadata `tokenizer.ggml.tokens` is missing"))?;
     if tokens.is_empty() {
         return Err(meta.bad("`tokenizer.ggml.tokens` is empty"));
+    }
+    if tokens.len() > MAX_VOCAB {
+        return Err(meta.bad(format!("`tokenizer.ggml.tokens` has {} tokens, over the limit of {MAX_VOCAB}", tokens.len())));
     }
     let n = tokens.len();
     let types: Vec<i64> = match meta.array("tokenizer.ggml.token_type")? {
@@ -377,10 +381,21 @@ fn sentencepiece_bpe(
         .iter()
         .map(|v| as_f64(v).ok_or_else(|| meta.bad("`tokenizer.ggml.scores` holds a non-number")))
         .collect::<Result<Vec<_>>>()?;
+    // The merges are sorted by score: a NaN would break the order (the sort panics on it).
+    if let Some(i) = scores.iter().position(|s| s.is_nan()) {
+        return Err(meta.bad(format!("`tokenizer.ggml.scores`[{i}] is NaN")));
+    }
 
     let mut vocab = Vocab::with_capacity(tokens.len());
     for (id, tok) in tokens.iter().enumerate() {
         vocab.entry(tok.clone()).or_insert(id as u32);
+    }
+    let work: u64 = tokens.iter().map(|t| t.chars().count() as u64 * t.len() as u64).sum();
+    if work > MAX_MERGE_WORK {
+        return Err(meta.bad(format!(
+            "`tokenizer.ggml.tokens`: deriving merges from these tokens takes {work} steps, over the limit of \
+             {MAX_MERGE_WORK} (the tokens are too long)"
+        )));
     }
     let merges = merges_from_scores(tokens, types, &scores, &vocab);
 
@@ -412,6 +427,12 @@ fn sentencepiece_bpe(
     tok.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(decoders))));
     Ok(tok)
 }
+
+/// Bound on the work of [`merges_from_scores`]: each token of `n` chars is split `n − 1` ways and each split
+/// hashes the token's bytes, so a token costs about `n · len`, and so do its merges in memory; the sum grows with the
+/// square of the token lengths, which a crafted file makes as long as it likes. Gemma 3's 262,144 tokens take
+/// 1.6·10⁷.
+const MAX_MERGE_WORK: u64 = 1 << 27;
 
 /// Derives BPE merges from SentencePiece scores, as Transformers' `SentencePieceExtractor` does:
 /// every split of a token into two vocabulary pieces is a merge; merges are ranked by the token's

@@ -5,7 +5,7 @@
 //! tokens, whether encoding adds bos, and the chat template.
 
 mod bpe;
-mod chat;
+pub(crate) mod chat;
 mod gguf;
 mod stream;
 
