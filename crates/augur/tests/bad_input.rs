@@ -2,25 +2,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use augur::generation::config::GenerationOptions;
-use augur::model::{self, ModelConfig};
+use augur::model::ModelConfig;
 use common::*;
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("augur-bad-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn load_err(path: &Path) -> String {
-    match model::load(path, &augur::Device::Cpu) {
-        Ok(_) => panic!("{} loaded", path.display()),
-        Err(e) => e.to_string(),
-    }
-}
 
 fn copy_fixture(name: &str, to: &Path) {
     for f in std::fs::read_dir(fixtures().join(name)).unwrap() {

@@ -13,9 +13,7 @@ use safetensors::tensor::TensorView;
 /// A copy of fixture `name` in a scratch directory whose `lm_head.weight` row `token` is `value`: that token's
 /// logit is then `value`-poisoned at every position.
 fn poisoned(name: &str, token: usize, value: f32) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("augur-poisoned-{}-{name}-{value}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch(&format!("poisoned-{name}-{value}"));
     for f in std::fs::read_dir(fixtures().join(name)).unwrap() {
         let f = f.unwrap().path();
         std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();

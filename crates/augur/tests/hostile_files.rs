@@ -5,22 +5,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use augur::model;
 use common::*;
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("augur-hostile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn load_err(path: &Path) -> String {
-    match model::load(path, &augur::Device::Cpu) {
-        Ok(_) => panic!("{} loaded", path.display()),
-        Err(e) => e.to_string(),
-    }
-}
 
 /// A GGUF value as written to the file.
 enum V {

@@ -39,6 +39,22 @@ pub fn pull_hint(file: &str) -> String {
     format!("run `cargo run --release -p augur-cli -- pull {name}` (as .ci/run does)")
 }
 
+/// An empty scratch directory of this test process, named `name`.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("augur-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The error that loading `path` gives (a panic if it loads).
+pub fn load_err(path: &std::path::Path) -> String {
+    match augur::model::load(path, &augur::Device::Cpu) {
+        Ok(_) => panic!("{} loaded", path.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("array of ids").iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
