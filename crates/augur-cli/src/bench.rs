@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use augur::generation::config::GenerationOptions;
-use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{Pipeline, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::Args;

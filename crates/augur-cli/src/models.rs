@@ -2,8 +2,8 @@
 //! handle theirs.
 
 use anyhow::{bail, Result};
-use augur::catalogue::{self, Model};
-use augur::pull::{self, human_bytes};
+use augur::io::catalogue::{self, Model};
+use augur::io::pull::{self, human_bytes};
 use clap::Args;
 
 #[derive(Args)]
@@ -28,7 +28,7 @@ pub fn pull(args: PullArgs) -> Result<()> {
             }
         }
     }
-    let dir = augur::resolve::models_dir();
+    let dir = augur::io::resolve::models_dir();
     let mut progress = crate::ui::progress();
     for m in models {
         pull::ensure(m, &dir, true, progress.as_mut())?;
@@ -38,7 +38,7 @@ pub fn pull(args: PullArgs) -> Result<()> {
 
 /// One row per catalogue model (cached, partly pulled or not pulled), then any other files in the cache.
 pub fn list() -> Result<()> {
-    let dir = augur::resolve::models_dir();
+    let dir = augur::io::resolve::models_dir();
     println!("models in {}", dir.display());
     println!("{:<20} {:<42} {:>9}  STATUS", "NAME", "FILE", "SIZE");
     let mut cached = 0u64;

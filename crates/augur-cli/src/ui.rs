@@ -7,9 +7,9 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
 use anyhow::Result;
-use augur::catalogue::Model;
+use augur::io::catalogue::Model;
 use augur::pipeline::{LoadedLm, Pipeline};
-use augur::pull::{PlainProgress, Progress};
+use augur::io::pull::{PlainProgress, Progress};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A pull's progress as an indicatif bar: bytes, speed and time left, with the current step as its message.
@@ -61,7 +61,7 @@ pub fn progress() -> Box<dyn Progress> {
 
 /// `--model` as a local path, pulling a missing catalogue model with progress.
 pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
-    Ok(augur::resolve::resolve_model_with(spec, progress().as_mut())?)
+    Ok(augur::io::resolve::resolve_model_with(spec, progress().as_mut())?)
 }
 
 /// Runs `f`, showing a spinner labelled `what` on a terminal once it has taken more than a second.

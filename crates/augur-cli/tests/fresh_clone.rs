@@ -72,19 +72,19 @@ fn a_fresh_clone_needs_nothing_outside_it() {
 #[test]
 fn the_check_table_follows_the_catalogue() {
     let script = std::fs::read_to_string(root().join(".ci/run")).unwrap();
-    for m in augur::catalogue::MODELS.iter().filter(|m| m.name != "qwen2.5-coder-1.5b") {
+    for m in augur::io::catalogue::MODELS.iter().filter(|m| m.name != "qwen2.5-coder-1.5b") {
         let line = script
             .lines()
             .find(|l| l.trim_start().starts_with(&format!("{}) file=", m.name)))
             .unwrap_or_else(|| panic!("{} is not in .ci/run's check table", m.name));
         assert!(line.contains(&format!("file={};", m.file)), "{line}");
         let probe = match m.source {
-            augur::catalogue::Source::Wheels { .. } => {
+            augur::io::catalogue::Source::Wheels { .. } => {
                 let first = &m.wheel_parts()[0].package;
                 let (name, version) = first.split_once("==").unwrap();
                 format!("probe=\"pip {name} {version}\"")
             }
-            augur::catalogue::Source::Npm { package, .. } => {
+            augur::io::catalogue::Source::Npm { package, .. } => {
                 format!("probe=\"npm {package} {}\"", package.rsplit('@').next().unwrap())
             }
         };

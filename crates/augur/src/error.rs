@@ -35,7 +35,7 @@ pub enum Error {
     #[error("config field `{field}`: {reason}")]
     Config { field: String, reason: String },
 
-    #[error("unknown architecture `{0}` (supported: {supported})", supported = crate::model::SUPPORTED_ARCHITECTURES.join(", "))]
+    #[error("unknown architecture `{0}` (supported: {supported})", supported = crate::models::SUPPORTED_ARCHITECTURES.join(", "))]
     UnknownArchitecture(String),
 
     /// Invalid or conflicting generation options, worded as Transformers words them where it has an error.
@@ -54,7 +54,7 @@ pub enum Error {
     #[error(
         "model `{0}` not found: not a file, a directory, a catalogue name ({names}), nor a repo id in the local \
          Hugging Face cache",
-        names = crate::catalogue::names()
+        names = crate::io::catalogue::names()
     )]
     ModelNotFound(String),
 

@@ -7,9 +7,9 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::model::config::{Architecture, LayerKind, ModelConfig};
-use crate::model::gemma4::Gemma4Config;
-use crate::model::{gguf, weights};
+use crate::config::{Architecture, LayerKind, ModelConfig};
+use crate::models::gemma4::Gemma4Config;
+use crate::io::{gguf, weights};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// The name fuzzed bytes go by in errors.

@@ -7,14 +7,16 @@
 //! The README follows; its Rust example is compiled as a doc test.
 #![doc = include_str!("../../../README.md")]
 
-pub mod catalogue;
+pub mod batching;
+pub mod config;
 pub mod error;
 pub mod fuzzing;
 pub mod generation;
-pub mod model;
+pub mod io;
+pub mod kernels;
+pub mod models;
+pub mod nn;
 pub mod pipeline;
-pub mod pull;
-pub mod resolve;
 pub mod tokenizer;
 
 pub use candle_core::{Device, Tensor};

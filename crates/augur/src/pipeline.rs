@@ -18,10 +18,10 @@ use crate::generation::drafters::{
 };
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
-use crate::model::gemma4_assistant::Gemma4Assistant;
-use crate::model::mtp::MtpHead;
-use crate::model::{self, Architecture, CausalLm, ModelConfig, WeightsInfo};
-use crate::resolve::resolve_model;
+use crate::models::gemma4_assistant::Gemma4Assistant;
+use crate::models::mtp::MtpHead;
+use crate::models::{self, Architecture, CausalLm, ModelConfig, WeightsInfo};
+use crate::io::resolve::resolve_model;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// A prompt: raw text, or chat messages rendered with the model's chat template.
@@ -47,10 +47,10 @@ pub struct LoadedLm {
 impl LoadedLm {
     /// Loads a GGUF file or a Hugging Face model directory, with its tokenizer.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
-        Self::load_with(path, device, &model::LoadOptions::default())
+        Self::load_with(path, device, &models::LoadOptions::default())
     }
 
-    pub fn load_with(path: &Path, device: &Device, opts: &model::LoadOptions) -> Result<Self> {
+    pub fn load_with(path: &Path, device: &Device, opts: &models::LoadOptions) -> Result<Self> {
         Self::load_sharing(path, device, opts, None)
     }
 
@@ -59,10 +59,10 @@ impl LoadedLm {
     fn load_sharing(
         path: &Path,
         device: &Device,
-        opts: &model::LoadOptions,
+        opts: &models::LoadOptions,
         shared: Option<&Arc<Tokenizer>>,
     ) -> Result<Self> {
-        let (loaded, gguf_tokenizer) = model::load_reading_gguf(path, device, opts, |m| Tokenizer::from_gguf(m, path))?;
+        let (loaded, gguf_tokenizer) = models::load_reading_gguf(path, device, opts, |m| Tokenizer::from_gguf(m, path))?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match gguf_tokenizer {
             Some(tokenizer) => (Arc::new(tokenizer), GenerationOptions::default()),
@@ -182,7 +182,7 @@ impl Pipeline {
     pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
         let shared = Some(&self.target.tokenizer);
-        self.assistant = Some(LoadedLm::load_sharing(&path, &Device::Cpu, &model::LoadOptions::default(), shared)?);
+        self.assistant = Some(LoadedLm::load_sharing(&path, &Device::Cpu, &models::LoadOptions::default(), shared)?);
         Ok(self)
     }
 

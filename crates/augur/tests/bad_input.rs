@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 
 use augur::generation::config::GenerationOptions;
-use augur::model::ModelConfig;
+use augur::models::ModelConfig;
 use common::*;
 
 fn copy_fixture(name: &str, to: &Path) {

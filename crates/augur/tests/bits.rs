@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
-use augur::model::weights::{LinearPath, Weights};
-use augur::model::{Architecture, CausalLm, ForwardOptions, LoadOptions, LogitRows};
+use augur::{io::weights::Weights, nn::LinearPath};
+use augur::models::{Architecture, CausalLm, ForwardOptions, LoadOptions, LogitRows};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use common::{fixtures, real_model};
@@ -131,7 +131,7 @@ fn batched_equal_alone(what: &str, lm: &dyn CausalLm) {
 }
 
 fn load(path: &Path, dequantize: bool) -> Box<dyn CausalLm> {
-    augur::model::load_with(path, &Device::Cpu, &LoadOptions { dequantize })
+    augur::models::load_with(path, &Device::Cpu, &LoadOptions { dequantize })
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .model
 }

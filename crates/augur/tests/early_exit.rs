@@ -12,7 +12,7 @@ mod common;
 
 use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Drafter, EarlyExit};
-use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use common::*;
 use serde_json::Value;
 

@@ -10,8 +10,8 @@ use augur::generation::config::GenerationOptions;
 use augur::generation::drafters::{Draft, Drafter, Gemma4AssistantDrafter};
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
-use augur::model::gemma4_assistant::Gemma4Assistant;
-use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::models::gemma4_assistant::Gemma4Assistant;
+use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use common::*;
 use serde_json::Value;
 
@@ -168,8 +168,8 @@ fn first_round_logits(
     cur_len: usize,
     drafts: &[u32],
 ) -> Vec<Vec<f32>> {
-    use augur::model::gemma4_assistant::SharedKv;
-    use augur::model::LayerKind;
+    use augur::models::gemma4_assistant::SharedKv;
+    use augur::models::LayerKind;
     assert_eq!(cur_len, input.len() + 1);
     target.model.truncate(0);
     let opts = ForwardOptions { hidden_states: true, ..ForwardOptions::logits(LogitRows::Last(1)) };
@@ -178,7 +178,7 @@ fn first_round_logits(
     let hidden = out.hidden.unwrap();
     let p = input.len();
     let w = target.config().sliding_window.unwrap();
-    let m = target.model.as_ref();
+    let m = target.model.kv_sharing().expect("a Gemma 4 target shares its KV");
     let full = SharedKv { cache: m.shared_kv(LayerKind::Full).unwrap(), visible: (0, p) };
     let n = p.min(w + 1);
     let sliding = SharedKv { cache: m.shared_kv(LayerKind::Sliding).unwrap(), visible: (p - n, p) };

@@ -248,7 +248,7 @@ fn sentencepiece_tokens_too_long_to_derive_merges() {
 
 #[test]
 fn the_gguf_reader_reads_real_files_as_candle_does() {
-    use augur::model::gguf;
+    use augur::io::gguf;
     use candle_core::quantized::gguf_file::Content;
     let files = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct.gguf"];
     for name in files {

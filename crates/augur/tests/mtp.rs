@@ -11,7 +11,7 @@ use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Draft, Drafter, MtpDrafter};
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
-use augur::model::CausalLm;
+use augur::models::CausalLm;
 use augur::Tensor;
 use common::*;
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use augur::model::{ForwardOptions, LogitRows};
+use augur::models::{ForwardOptions, LogitRows};
 use common::{load, real_model};
 
 const FILE: &str = "qwen2.5-coder-0.5b-instruct.gguf";

@@ -77,7 +77,7 @@ fn prompt_lookup_is_lossless_on_spec_bench() {
 /// (SmolLM2's tied head; 1000 is not a multiple of the kernels' 16-row groups).
 #[test]
 fn short_head_logits_are_the_full_head_logits() {
-    use augur::model::{ForwardOptions, LogitRows};
+    use augur::models::{ForwardOptions, LogitRows};
     let mut lm = load(&real_model(FILE), false);
     let tokens = [1u32, 504, 3458, 314, 2374, 28];
     let full = lm.model.forward(&tokens, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap();
@@ -104,7 +104,7 @@ fn short_head_logits_are_the_full_head_logits() {
 /// A broken kernel or layer puts llama.cpp's tokens whole logits below ours.
 #[test]
 fn quantized_logits_follow_llama_cpp_greedy_tokens() {
-    use augur::model::{ForwardOptions, LogitRows};
+    use augur::models::{ForwardOptions, LogitRows};
     let g = golden("smollm2-q4_1-llama-cpp.json");
     let n = g["max_new_tokens"].as_u64().unwrap() as usize;
     let mut lm = load(&real_model(FILE), false);

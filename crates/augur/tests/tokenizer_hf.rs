@@ -24,7 +24,7 @@ fn model_file(name: &str) -> PathBuf {
         "missing test file {}; pull it with `cargo run --release -p augur-cli -- pull {}` \
          (or set AUGUR_MODELS_DIR to the directory that holds it)",
         path.display(),
-        augur::catalogue::find(name).map_or(name, |m| m.name),
+        augur::io::catalogue::find(name).map_or(name, |m| m.name),
     );
     path
 }

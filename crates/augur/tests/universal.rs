@@ -10,7 +10,7 @@ use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::drafters::{Draft, Drafter, UniversalAssisted, UniversalSampling};
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
-use augur::model::CausalLm;
+use augur::models::CausalLm;
 use augur::pipeline::{Pipeline, Prompt};
 use common::*;
 

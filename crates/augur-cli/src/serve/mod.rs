@@ -3,7 +3,7 @@
 //! Every admitted request runs as its own sequence (a fork of the loaded pipeline: shared weights, its own KV
 //! cache and drafter state) on its connection's thread; up to `--parallel` sequences run at once, and the
 //! forwards they call at the same time run as one batched forward (linear layers over the rows of all of them,
-//! attention per sequence; see `augur::model::layers::Batcher`). Up to `--queue` more wait for a slot; beyond
+//! attention per sequence; see `augur::batching::Batcher`). Up to `--queue` more wait for a slot; beyond
 //! that the server answers 429. Each sequence's speculation pauses under load or when its drafts stop being
 //! accepted, without changing its output.
 

@@ -7,7 +7,7 @@ use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::{argmax, Sampler};
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, LogitRows};
 
 /// Names of the models in [`Error::NonFiniteLogits`]; the pipeline adds their files.
 pub const TARGET: &str = "the target model";
@@ -16,7 +16,7 @@ pub const ASSISTANT: &str = "the assistant model";
 /// The logits of the last rows of a forward, one `Vec` per position: `first_position` is the sequence position of
 /// the first row, `model` names the model, both for the error a NaN or infinite logit gives.
 pub(crate) fn logits_rows(
-    out: &crate::model::ForwardOutput,
+    out: &crate::models::ForwardOutput,
     model: &str,
     first_position: usize,
 ) -> Result<Vec<Vec<f32>>> {

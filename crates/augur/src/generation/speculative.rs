@@ -12,7 +12,7 @@ use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
 use super::verify::{Block, Exact, Verdict, Verifier};
 use crate::error::Result;
-use crate::model::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, LogitRows};
 
 /// Generates with `drafter` proposing and `target` verifying until the emitter finishes. The target's cache
 /// must be empty.

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use augur::generation::config::GenerationConfig;
 use augur::generation::logits::LogitsProcessor;
 use augur::generation::sampler::softmax;
-use augur::model::{CausalLm, ForwardOptions, LogitRows};
+use augur::models::{CausalLm, ForwardOptions, LogitRows};
 
 /// Probability of each whole continuation (a token list ending at the length budget or at an EOS).
 pub type Distribution = HashMap<Vec<u32>, f64>;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use augur::generation::config::GenerationOptions;
-use augur::model::LoadOptions;
+use augur::models::LoadOptions;
 use augur::pipeline::{LoadedLm, Pipeline};
 use serde_json::Value;
 
@@ -28,14 +28,14 @@ pub fn spec_bench_questions() -> PathBuf {
 
 /// A real model file in augur's model cache; fails (never skips) when it was not pulled, naming the command.
 pub fn real_model(file: &str) -> PathBuf {
-    let p = augur::resolve::models_dir().join(file);
+    let p = augur::io::resolve::models_dir().join(file);
     assert!(p.exists(), "{} is missing: {}", p.display(), pull_hint(file));
     p
 }
 
 /// How to get the catalogue file `file` into the cache (as `.ci/run` does).
 pub fn pull_hint(file: &str) -> String {
-    let name = augur::catalogue::find(file).map_or(file, |m| m.name);
+    let name = augur::io::catalogue::find(file).map_or(file, |m| m.name);
     format!("run `cargo run --release -p augur-cli -- pull {name}` (as .ci/run does)")
 }
 
@@ -49,7 +49,7 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// The error that loading `path` gives (a panic if it loads).
 pub fn load_err(path: &std::path::Path) -> String {
-    match augur::model::load(path, &augur::Device::Cpu) {
+    match augur::models::load(path, &augur::Device::Cpu) {
         Ok(_) => panic!("{} loaded", path.display()),
         Err(e) => e.to_string(),
     }
@@ -145,8 +145,8 @@ pub fn chi_square(a: &HashMap<Vec<u32>, usize>, b: &HashMap<Vec<u32>, usize>) ->
 
 /// The model's logits at every position of the golden prompt `p["input_ids"]` are within 1e-4 (relative to the
 /// row's largest magnitude, at least 1) of Transformers' `p["logits"]`.
-pub fn assert_logits_match(name: &str, model: &mut dyn augur::model::CausalLm, p: &Value) {
-    use augur::model::{ForwardOptions, LogitRows};
+pub fn assert_logits_match(name: &str, model: &mut dyn augur::models::CausalLm, p: &Value) {
+    use augur::models::{ForwardOptions, LogitRows};
     model.truncate(0);
     let out = model.forward(&ids(&p["input_ids"]), &ForwardOptions::logits(LogitRows::All)).unwrap();
     let ours: Vec<Vec<f32>> = out.logits.unwrap().to_vec2().unwrap();

@@ -14,7 +14,7 @@ use super::{one_step_seconds, Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::ASSISTANT;
-use crate::model::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, LogitRows};
 
 pub struct AssistantModel<'m> {
     model: &'m mut dyn CausalLm,

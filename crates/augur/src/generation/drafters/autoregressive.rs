@@ -9,7 +9,7 @@ use crate::generation::decode::logits_rows;
 use crate::generation::draft_length::DraftLength;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
-use crate::model::{CausalLm, ForwardOptions};
+use crate::models::{CausalLm, ForwardOptions};
 
 pub(super) struct Autoregressive {
     /// The target's processors, applied once (Transformers applies the warpers twice inside the assistant).

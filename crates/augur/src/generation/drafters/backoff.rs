@@ -11,7 +11,7 @@ use candle_core::Tensor;
 
 use super::{Draft, Drafter};
 use crate::error::Result;
-use crate::model::CausalLm;
+use crate::models::CausalLm;
 
 /// When a sequence stops drafting: while `running` exceeds `max_load`.
 #[derive(Debug, Clone)]

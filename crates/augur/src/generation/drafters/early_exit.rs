@@ -11,7 +11,7 @@ use super::autoregressive::Autoregressive;
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
-use crate::model::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, LogitRows};
 
 /// The drafting model's name in errors: the target's own first layers.
 const EARLY_EXIT: &str = "the target model's early-exit draft";

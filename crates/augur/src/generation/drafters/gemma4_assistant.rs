@@ -20,8 +20,8 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::decode::{check_finite, ASSISTANT};
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
-use crate::model::gemma4_assistant::{Gemma4Assistant, SharedKv};
-use crate::model::{CausalLm, LayerKind};
+use crate::models::gemma4_assistant::{Gemma4Assistant, SharedKv};
+use crate::models::{CausalLm, LayerKind};
 
 pub struct Gemma4AssistantDrafter<'m> {
     model: &'m Gemma4Assistant,
@@ -105,7 +105,9 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
                 hidden.dim(1)?
             )));
         }
-        let (full, sliding) = match (target.shared_kv(LayerKind::Full), target.shared_kv(LayerKind::Sliding)) {
+        let shared = target.kv_sharing();
+        let kv = |kind| shared.as_ref().and_then(|s| s.shared_kv(kind));
+        let (full, sliding) = match (kv(LayerKind::Full), kv(LayerKind::Sliding)) {
             (Some(f), Some(s)) => (f, s),
             _ => {
                 return Err(Error::InvalidOption(
@@ -133,7 +135,7 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
         let mut tokens = Vec::with_capacity(max);
         let mut qs = Vec::new();
         for _ in 0..max {
-            let e = target.embed_tokens(&[token])?; // [1, hb]
+            let e = shared.as_ref().expect("checked above").embed_tokens(&[token])?; // [1, hb]
             let input = Tensor::cat(&[&e, &h], 1)?.unsqueeze(0)?; // [1, 1, 2·hb]
             let (mut logits, next_h) = self.model.step(&input, p, &full, &sliding)?;
             check_finite(&logits, ASSISTANT, ctx.len() - 1)?;

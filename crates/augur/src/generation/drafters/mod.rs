@@ -22,7 +22,7 @@ pub use universal_sampling::{UniversalSampling, VocabMap};
 use candle_core::Tensor;
 
 use crate::error::Result;
-use crate::model::CausalLm;
+use crate::models::CausalLm;
 
 /// Candidate tokens for one round.
 #[derive(Debug, Clone, Default)]
@@ -73,7 +73,7 @@ pub trait Drafter {
 pub(crate) fn one_step_seconds(model: &mut dyn CausalLm, token: u32) -> Result<f64> {
     model.truncate(0);
     let t = std::time::Instant::now();
-    model.forward(&[token], &crate::model::ForwardOptions::logits(crate::model::LogitRows::Last(1)))?;
+    model.forward(&[token], &crate::models::ForwardOptions::logits(crate::models::LogitRows::Last(1)))?;
     let seconds = t.elapsed().as_secs_f64();
     model.truncate(0);
     Ok(seconds)

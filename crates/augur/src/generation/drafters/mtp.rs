@@ -16,8 +16,8 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::decode::check_finite;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
-use crate::model::mtp::MtpHead;
-use crate::model::CausalLm;
+use crate::models::mtp::MtpHead;
+use crate::models::CausalLm;
 
 pub struct MtpDrafter<'m> {
     head: &'m mut dyn MtpHead,

@@ -11,7 +11,7 @@
 
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};
-use crate::model::CausalLm;
+use crate::models::CausalLm;
 
 /// Fewest matching tokens behind a cost-aware draft.
 const MIN_MATCH: usize = 2;

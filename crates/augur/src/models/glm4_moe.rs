@@ -5,13 +5,15 @@
 
 use candle_core::Tensor;
 
-use super::config::ModelConfig;
-use super::kv_cache::KvCache;
-use super::layers::{attend, causal, flat, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
-use super::moe::FeedForward;
-use super::mtp::{Mtp, MtpHead, WithMtp};
-use super::weights::{Linear, Weights};
+use super::decoder::Decoder;
+use super::moe_block::{MoeBlock, SequenceAttention};
+use super::mtp::{Mtp, MtpHead};
+use super::Built;
+use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
+use crate::kernels::attention::{attend, causal, AttendShape};
+use crate::nn::{flat, KvCache, Linear, RmsNorm, Ropes, Step};
 
 pub struct Glm4MoeAttention {
     q_proj: Linear,
@@ -55,7 +57,9 @@ impl Glm4MoeAttention {
         }
         Ok(Tensor::cat(&[rotated, x.narrow(3, r, self.head_dim - r)?], 3)?)
     }
+}
 
+impl SequenceAttention for Glm4MoeAttention {
     fn new_cache(&self) -> KvCache {
         KvCache::new(self.n_kv_heads, self.head_dim)
     }
@@ -88,42 +92,9 @@ impl Glm4MoeAttention {
     }
 }
 
-pub struct Glm4MoeBlock {
-    input_layernorm: RmsNorm,
-    self_attn: Glm4MoeAttention,
-    post_attention_layernorm: RmsNorm,
-    mlp: FeedForward,
-}
+pub type Glm4MoeBlock = MoeBlock<Glm4MoeAttention>;
 
-impl Glm4MoeBlock {
-    /// Layer `i`; layers before `first_dense` use the dense MLP.
-    fn load(w: &Weights, cfg: &ModelConfig, i: usize, first_dense: usize) -> Result<Self> {
-        let p = format!("model.layers.{i}");
-        let norm = |n: &str| RmsNorm::load(w, &format!("{p}.{n}.weight"), cfg.hidden_size, cfg.rms_norm_eps, false);
-        Ok(Self {
-            input_layernorm: norm("input_layernorm")?,
-            self_attn: Glm4MoeAttention::load(w, &format!("{p}.self_attn"), cfg)?,
-            post_attention_layernorm: norm("post_attention_layernorm")?,
-            mlp: FeedForward::load(w, &format!("{p}.mlp"), cfg, i, first_dense)?,
-        })
-    }
-}
-
-impl Block for Glm4MoeBlock {
-    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
-        let a = per_sequence(&self.input_layernorm.forward(x)?, steps, caches, |x, step, cache| {
-            self.self_attn.forward(x, step, ropes, cache)
-        })?;
-        let h = (x + a)?;
-        Ok((&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
-    }
-
-    fn new_cache(&self) -> KvCache {
-        self.self_attn.new_cache()
-    }
-}
-
-pub fn load(cfg: ModelConfig, w: &Weights) -> Result<WithMtp<Glm4MoeBlock>> {
+pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Built> {
     if w.is_gguf() {
         return Err(Error::config("general.architecture", "glm4_moe loads from safetensors only"));
     }
@@ -132,11 +103,12 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<WithMtp<Glm4MoeBlock>> {
         return Err(Error::config("partial_rotary_factor", format!("gives {rd} rotary dimensions of {}", cfg.head_dim)));
     }
     let first_dense = cfg.moe.as_ref().map_or(0, |m| m.first_k_dense_replace);
-    let layers = (0..cfg.num_hidden_layers)
-        .map(|i| Glm4MoeBlock::load(w, &cfg, i, first_dense))
-        .collect::<Result<Vec<_>>>()?;
+    let block = |w: &Weights, i: usize, first_dense: usize| {
+        let attn = Glm4MoeAttention::load(w, &format!("model.layers.{i}.self_attn"), &cfg)?;
+        Glm4MoeBlock::load(w, &cfg, i, first_dense, attn)
+    };
+    let layers = (0..cfg.num_hidden_layers).map(|i| block(w, i, first_dense)).collect::<Result<Vec<_>>>()?;
     let decoder = Decoder::new(cfg.clone(), w, layers, None, false)?;
-    let mtp = Mtp::load(&cfg, w, &decoder, |w, i| Glm4MoeBlock::load(w, &cfg, i, 0))?
-        .map(|m| Box::new(m) as Box<dyn MtpHead>);
-    Ok(WithMtp { decoder, mtp })
+    let mtp = Mtp::load(&cfg, w, &decoder, |w, i| block(w, i, 0))?.map(|m| Box::new(m) as Box<dyn MtpHead>);
+    Ok(Built { model: Box::new(decoder.into_lm()), mtp })
 }

@@ -2,9 +2,9 @@
 //! model cache, a catalogue name (pulled into the cache on first use), a Hugging Face repo id found in the local
 //! Hugging Face cache, or (with nothing passed) the catalogue's default model.
 
-use crate::catalogue;
+use crate::io::catalogue;
 use crate::error::{Error, Result};
-use crate::pull::{self, PlainProgress, Progress};
+use crate::io::pull::{self, PlainProgress, Progress};
 use std::path::{Path, PathBuf};
 
 /// augur's model cache: `$AUGUR_MODELS_DIR`, else `$XDG_CACHE_HOME/augur/models`, else

@@ -5,17 +5,19 @@
 //! `use_double_wide_mlp`), a learned scalar per layer, tied embeddings scaled by `sqrt(hidden)` and final-logit
 //! soft-capping. Mixture-of-experts layers (`enable_moe_block`) are not implemented and rejected at load.
 //!
-//! The KV that a store layer keeps is also what the Gemma 4 assistant reads ([`CausalLm::shared_kv`]).
+//! The KV that a store layer keeps is also what the Gemma 4 assistant reads ([`KvSharing::shared_kv`]).
 
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::config::{at_most, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
-use super::kv_cache::KvCache;
-use super::layers::{attend, flat, AttendShape, Mlp, Rope, RmsNorm};
-use super::weights::{Embedding, Linear, Weights};
-use super::{CausalLm, ForwardOptions, ForwardOutput, LogitRows};
+use super::decoder::LogitsHead;
+use super::{ForwardOptions, ForwardOutput, KvSharing, LogitRows};
+use crate::batching::{BatchModel, Job};
+use crate::config::{at_most, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
+use crate::kernels::attention::{attend, AttendShape};
+use crate::nn::{flat, Embedding, KvCache, Linear, Mlp, RmsNorm, Rope};
 
 /// The Gemma 4 fields of `config.json` that [`ModelConfig`] does not hold, with Transformers' defaults.
 #[derive(Debug, Deserialize)]
@@ -390,18 +392,23 @@ pub struct Gemma4 {
     embed_scale: f64,
     ple: Option<PerLayerEmbeddings>,
     layers: Vec<Layer>,
-    /// One cache per layer that computes its own KV; reusing layers read their source's.
-    caches: Vec<KvCache>,
+    /// The shape of each cache a sequence keeps: one per layer that computes its own KV (reusing layers read
+    /// their source's).
+    cache_shapes: Vec<(usize, usize)>,
     /// For each layer kind, the cache of its last layer with its own KV before the shared ones (Transformers'
     /// `"store"` layer): what reusing layers and the assistant read.
     store: [Option<usize>; 2],
     /// Index of the first layer that reuses KV: from there on rows nobody asked for can be dropped.
     first_shared: usize,
-    norm: RmsNorm,
-    lm_head: Linear,
+    head: LogitsHead,
     /// `(full, sliding)` rotary tables.
     ropes: (Rope, Rope),
     device: Device,
+}
+
+/// One sequence of Gemma 4: its caches and position.
+pub struct Gemma4Sequence {
+    caches: Vec<KvCache>,
     len: usize,
 }
 
@@ -421,18 +428,18 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4> {
     let sources = g.kv_sources(&cfg)?;
     let n = cfg.num_hidden_layers;
     let first_shared = n - g.num_kv_shared_layers;
-    let mut caches = Vec::new();
+    let mut cache_shapes = Vec::new();
     let mut cache_of = vec![0usize; n];
     let mut store = [None, None];
     for i in 0..n {
         cache_of[i] = match sources[i] {
             None => {
                 let (d, kv) = g.head_shape(&cfg, cfg.layer_types[i]);
-                caches.push(KvCache::new(kv, d));
+                cache_shapes.push((kv, d));
                 if i < first_shared {
-                    store[kind_index(cfg.layer_types[i])] = Some(caches.len() - 1);
+                    store[kind_index(cfg.layer_types[i])] = Some(cache_shapes.len() - 1);
                 }
-                caches.len() - 1
+                cache_shapes.len() - 1
             }
             Some(j) => cache_of[j],
         };
@@ -453,11 +460,7 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4> {
         })
         .collect::<Result<Vec<_>>>()?;
     let embed = w.embedding(&format!("{pre}.embed_tokens.weight"), cfg.vocab_size, cfg.hidden_size)?;
-    let lm_head = if cfg.tie_word_embeddings {
-        embed.as_linear(w)?
-    } else {
-        w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?
-    };
+    let head = LogitsHead::load(&cfg, w, &embed, &format!("{pre}.norm.weight"), false)?;
     let ple = if g.hidden_size_per_layer_input > 0 {
         let p = g.hidden_size_per_layer_input;
         let eps = cfg.rms_norm_eps;
@@ -477,15 +480,13 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4> {
         embed_scale: (cfg.hidden_size as f64).sqrt(),
         ple,
         layers,
-        caches,
+        cache_shapes,
         store,
         first_shared,
-        norm: RmsNorm::load(w, &format!("{pre}.norm.weight"), cfg.hidden_size, cfg.rms_norm_eps, false)?,
-        lm_head,
+        head,
         ropes,
         device: w.device().clone(),
         cfg,
-        len: 0,
     })
 }
 
@@ -501,34 +502,30 @@ impl Gemma4 {
     }
 }
 
-impl CausalLm for Gemma4 {
+impl BatchModel for Gemma4 {
+    type Sequence = Gemma4Sequence;
+
     fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
-    fn cache_len(&self) -> usize {
-        self.len
+    fn new_sequence(&self) -> Gemma4Sequence {
+        Gemma4Sequence { caches: self.cache_shapes.iter().map(|&(kv, d)| KvCache::new(kv, d)).collect(), len: 0 }
     }
 
-    fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
-        for c in self.caches.iter_mut() {
+    fn cache_len(&self, seq: &Gemma4Sequence) -> usize {
+        seq.len
+    }
+
+    fn truncate(&self, seq: &mut Gemma4Sequence, len: usize) {
+        seq.len = seq.len.min(len);
+        for c in seq.caches.iter_mut() {
             c.truncate(len);
         }
     }
 
-    fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
-        let ids = Tensor::new(tokens, &self.device)?;
-        Ok((self.embed.forward(&ids)? * self.embed_scale)?)
-    }
-
-    fn shared_kv(&self, kind: LayerKind) -> Option<&KvCache> {
-        self.store[kind_index(kind)].map(|i| &self.caches[i])
-    }
-
-    fn forward(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
-        let t = tokens.len();
-        if t == 0 {
+    fn check(&self, seq: &Gemma4Sequence, tokens: &[u32], opts: &ForwardOptions) -> Result<()> {
+        if tokens.is_empty() {
             return Err(Error::InvalidOption("forward called with no tokens".into()));
         }
         if opts.exit_layer.is_some() {
@@ -539,10 +536,19 @@ impl CausalLm for Gemma4 {
         if let Some(bad) = tokens.iter().find(|&&id| id >= ple_vocab) {
             return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {ple_vocab}")));
         }
-        let start = self.len;
-        if start + t > self.cfg.max_position_embeddings {
-            return Err(Error::PromptTooLong { prompt_tokens: start + t, context: self.cfg.max_position_embeddings });
+        let end = seq.len + tokens.len();
+        if end > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { prompt_tokens: end, context: self.cfg.max_position_embeddings });
         }
+        Ok(())
+    }
+
+    fn batchable(&self, _seq: &Gemma4Sequence, _opts: &ForwardOptions) -> bool {
+        true
+    }
+
+    fn forward(&self, seq: &mut Gemma4Sequence, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let (t, start) = (tokens.len(), seq.len);
         let ids = Tensor::new(tokens, &self.device)?;
         let x0 = (self.embed.forward(&ids)? * self.embed_scale)?; // [t, hidden]
         let mut pli = match &self.ple {
@@ -577,35 +583,41 @@ impl CausalLm for Gemma4 {
             }
             let rows = Rows { start: row_start, full: &full, sliding: &sliding };
             let layer_input = pli.as_ref().map(|p| p.narrow(1, i, 1)?.squeeze(1)?.unsqueeze(0)).transpose()?;
-            x = self.layers[i].forward(&x, layer_input.as_ref(), &rows, &self.ropes, &mut self.caches)?;
+            x = self.layers[i].forward(&x, layer_input.as_ref(), &rows, &self.ropes, &mut seq.caches)?;
         }
-        self.len = start + t;
+        seq.len = start + t;
         if wanted == 0 {
             return Ok(ForwardOutput { logits: None, hidden: None });
         }
-        let x = x.squeeze(0)?; // [wanted, hidden]
-        let normed = self.norm.forward(&x)?;
-        let hidden = if opts.hidden_states { Some(normed.clone()) } else { None };
-        let rows = match &opts.logits {
-            LogitRows::All => Some(normed),
-            LogitRows::Last(n) => {
-                let r = normed.dim(0)?;
-                let n = (*n).clamp(1, r);
-                Some(normed.narrow(0, r - n, n)?)
-            }
-            LogitRows::None => None,
-        };
-        let logits = match rows {
-            Some(r) => {
-                let mut l = self.lm_head.forward(&r)?;
-                if let Some(cap) = self.cfg.final_logit_softcapping {
-                    l = ((l / cap)?.tanh()? * cap)?;
-                }
-                Some(l.to_dtype(DType::F32)?)
-            }
-            None => None,
-        };
-        Ok(ForwardOutput { logits, hidden })
+        self.head.outputs(&x.squeeze(0)?, opts)
+    }
+
+    /// The sequences one after another: Gemma 4's layers take one sequence's rows at a time.
+    fn forward_batch(&self, jobs: &mut [Job<Gemma4Sequence>]) -> Result<Vec<ForwardOutput>> {
+        crate::kernels::parallel::on_pool(|| {
+            jobs.iter_mut().map(|j| self.forward(&mut j.seq, &j.tokens, &j.opts)).collect()
+        })
+    }
+
+    fn kv_sharing<'a>(&'a self, seq: &'a Gemma4Sequence) -> Option<Box<dyn KvSharing + 'a>> {
+        Some(Box::new(SharedView { model: self, seq }))
+    }
+}
+
+/// A sequence's store-layer caches, for the Gemma 4 assistant.
+struct SharedView<'a> {
+    model: &'a Gemma4,
+    seq: &'a Gemma4Sequence,
+}
+
+impl KvSharing for SharedView<'_> {
+    fn shared_kv(&self, kind: LayerKind) -> Option<&KvCache> {
+        self.model.store[kind_index(kind)].map(|i| &self.seq.caches[i])
+    }
+
+    fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, &self.model.device)?;
+        Ok((self.model.embed.forward(&ids)? * self.model.embed_scale)?)
     }
 }
 

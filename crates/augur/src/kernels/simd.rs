@@ -35,7 +35,7 @@ mod tests {
 
     #[test]
     fn fold16_folds_each_register_into_its_lane() {
-        if !is_x86_feature_detected!("avx512f") {
+        if !crate::kernels::cpu::features().avx512f {
             return;
         }
         let vals: Vec<[f32; 16]> = (0..16).map(|r| std::array::from_fn(|l| ((r * 16 + l) * 7 % 23) as f32 * 0.5 - 3.0)).collect();

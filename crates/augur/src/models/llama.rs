@@ -3,11 +3,11 @@
 
 use candle_core::Tensor;
 
-use super::config::ModelConfig;
-use super::kv_cache::KvCache;
-use super::layers::{Attention, Block, Decoder, Mlp, Ropes, RmsNorm, Step};
-use super::weights::Weights;
+use super::decoder::{Block, Decoder};
+use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::io::weights::Weights;
+use crate::nn::{Attention, KvCache, Mlp, RmsNorm, Ropes, Step};
 
 pub struct LlamaBlock {
     input_layernorm: RmsNorm,

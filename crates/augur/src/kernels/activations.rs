@@ -80,7 +80,7 @@ mod avx512 {
     use super::{exp_table, C, INV_LN2_N, N, SHIFT, TABLE_BITS};
 
     pub fn available() -> bool {
-        is_x86_feature_detected!("avx512f")
+        crate::kernels::cpu::features().avx512f
     }
 
     #[target_feature(enable = "avx512f")]

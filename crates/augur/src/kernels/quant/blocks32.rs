@@ -18,8 +18,12 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use super::parallel::{for_each_chunk, SharedOut};
+use super::{
+    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel, GROUP,
+    GROUP_TILE,
+};
 use crate::error::{Error, Result};
+use crate::kernels::parallel::{for_each_chunk, SharedOut};
 
 const QK: usize = 32;
 
@@ -78,9 +82,6 @@ pub enum Layout {
     Interleaved,
 }
 
-/// Weight rows per interleaved group: the 16 i32 lanes of an AVX-512 register.
-const GROUP: usize = 16;
-
 /// A quantized weight `[n, k]` of 32-element blocks.
 #[derive(Debug)]
 pub struct BlockMatrix {
@@ -103,59 +104,11 @@ struct Q8Block {
     isum: i32,
 }
 
-/// A quantized weight `[n, k]` that one of our kernels multiplies (see also `kquants`).
-pub trait QuantKernel: Send + Sync {
-    fn out_features(&self) -> usize;
-    /// The stored type this kernel multiplies.
-    fn dtype(&self) -> GgmlDType;
-    /// The first `n` outputs of the product with `x` (`[m, k]` row-major) → `[m, min(n, out)]`, reading only
-    /// those weight rows; each is the same as in the full product.
-    fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32>;
-    /// This kernel's side of the products that share activations ([`matmul_shared`], [`matmul_silu_gated`]),
-    /// where it has one.
-    fn shared(&self) -> Option<&dyn SharedKernel> {
-        None
-    }
-}
 
-/// A kernel over interleaved 16-row groups whose quantized activations other kernels of the same
-/// [`ActFormat`] can take as they are.
-pub trait SharedKernel {
-    fn format(&self) -> ActFormat;
-    /// `x` (`[m, k]`) quantized in this kernel's format.
-    fn quantize(&self, x: &[f32], m: usize) -> SharedActivations;
-    /// This kernel's groups, and its tile over `act` (quantized in its format).
-    fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a>;
-}
 
-/// How a kernel quantizes its activations (`k` wide): kernels with equal formats share one quantization.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ActFormat {
-    /// llama.cpp's Q8_1 per 32 elements, with the integer offset of the weights' held integers.
-    Blocks { k: usize, offset: i32 },
-    /// llama.cpp's Q8_K per 256 elements (`kquants`).
-    SuperBlocks { k: usize },
-}
 
-/// Activations quantized once for several products.
-pub enum SharedActivations {
-    Blocks(Q8Rows),
-    #[cfg(target_arch = "x86_64")]
-    SuperBlocks(super::kquants::Q8KRows),
-}
 
-/// A weight's 16-row groups (`n` rows, `group_bytes` per group in `data`) and the tile that runs one:
-/// `tile(w, r0, rows, at, stride)` computes activation rows `r0..r0 + rows` (at most [`GROUP_TILE`]) against
-/// group `w`, writing `out[r · stride .. r · stride + 16]` from `at` for each.
-pub struct GroupTiles<'a> {
-    pub data: &'a [u8],
-    pub n: usize,
-    pub group_bytes: usize,
-    pub tile: GroupTile<'a>,
-}
 
-/// [`GroupTiles::tile`].
-pub type GroupTile<'a> = Box<dyn Fn(&[u8], usize, usize, *mut f32, usize) + Sync + 'a>;
 
 impl QuantKernel for BlockMatrix {
     fn out_features(&self) -> usize {
@@ -219,68 +172,8 @@ impl SharedKernel for BlockMatrix {
     }
 }
 
-/// The shared sides of `kernels` if all have one, of one activation format `k` wide.
-fn alike<'a>(kernels: &[&'a dyn QuantKernel], k: usize) -> Option<Vec<&'a dyn SharedKernel>> {
-    let shared: Vec<&dyn SharedKernel> = kernels.iter().map(|q| q.shared()).collect::<Option<_>>()?;
-    let format = shared.first()?.format();
-    let k_of = |f: ActFormat| match f {
-        ActFormat::Blocks { k, .. } | ActFormat::SuperBlocks { k } => k,
-    };
-    (k_of(format) == k && shared.iter().all(|s| s.format() == format)).then_some(shared)
-}
 
-/// The products of the same activations `x` (`[m, k]`) with several weights, such as a layer's q, k and v
-/// projections: where all quantize activations alike, `x` is quantized once and the groups of all of them
-/// share one parallel region (one hand-off instead of one per weight). Each result (`[m, n_i]`) is bit for bit
-/// that weight's own product. `None` where they differ.
-pub fn matmul_shared(kernels: &[&dyn QuantKernel], x: &[f32], m: usize, k: usize) -> Option<Vec<Vec<f32>>> {
-    let shared = alike(kernels, k)?;
-    let act = shared[0].quantize(x, m);
-    let parts: Vec<GroupTiles> = shared.iter().map(|s| s.group_tiles(&act)).collect();
-    Some(over_groups_of(&parts, m))
-}
 
-/// `silu(x·gateᵀ) · (x·upᵀ)` (`[m, n]`), a gated MLP's hidden activations, in one pass where both weights
-/// quantize activations alike: `x` quantized once, and each group's SiLU product taken as its two tiles come
-/// out, while they are in cache, instead of over two whole outputs afterwards. The same bits as the two
-/// products followed by [`super::silu::silu_mul`]. `None` where they differ.
-pub fn matmul_silu_gated(
-    gate: &dyn QuantKernel,
-    up: &dyn QuantKernel,
-    x: &[f32],
-    m: usize,
-    k: usize,
-) -> Option<Vec<f32>> {
-    let n = gate.out_features();
-    if up.out_features() != n || !n.is_multiple_of(GROUP) {
-        return None;
-    }
-    let shared = alike(&[gate, up], k)?;
-    let act = shared[0].quantize(x, m);
-    let (gate, up) = (shared[0].group_tiles(&act), shared[1].group_tiles(&act));
-    let mut out = vec![0f32; m * n];
-    let dst = SharedOut::new(&mut out);
-    for_each_chunk(n / GROUP, |range| {
-        let mut gated = [0f32; GROUP_TILE * GROUP];
-        for g in range {
-            let gate_w = &gate.data[g * gate.group_bytes..][..gate.group_bytes];
-            let up_w = &up.data[g * up.group_bytes..][..up.group_bytes];
-            for r0 in (0..m).step_by(GROUP_TILE) {
-                let rows = GROUP_TILE.min(m - r0);
-                (gate.tile)(gate_w, r0, rows, gated.as_mut_ptr(), GROUP);
-                // SAFETY: this task alone writes group g's 16 columns of `out` (`[m, n]`).
-                let at = unsafe { dst.ptr(r0 * n + g * GROUP, (rows - 1) * n + GROUP) };
-                (up.tile)(up_w, r0, rows, at, n);
-                for r in 0..rows {
-                    // SAFETY: row r0 + r's 16 columns of group g, written by this task only.
-                    let u = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), GROUP) };
-                    super::silu::silu_mul_here(&gated[r * GROUP..][..GROUP], u);
-                }
-            }
-        }
-    });
-    Some(out)
-}
 
 impl BlockMatrix {
     /// `Some` for the block types this machine has a kernel for, in the fastest layout it can run.
@@ -376,47 +269,11 @@ impl BlockMatrix {
     }
 }
 
-/// The product `[m, part.n]` of a weight's first `part.n` rows with `m` activation rows, the groups shared out
-/// over the pool.
-pub(super) fn over_groups(part: GroupTiles, m: usize) -> Vec<f32> {
-    over_groups_of(std::slice::from_ref(&part), m).pop().expect("one product")
-}
 
-/// [`over_groups`] for several weights with the same activations, all their groups in one parallel region →
-/// one `[m, n]` per weight.
-fn over_groups_of(parts: &[GroupTiles], m: usize) -> Vec<Vec<f32>> {
-    let groups: Vec<usize> = parts.iter().map(|p| p.n.div_ceil(GROUP)).collect();
-    let mut outs: Vec<Vec<f32>> = groups.iter().map(|g| vec![0f32; m * g * GROUP]).collect();
-    let dsts: Vec<SharedOut> = outs.iter_mut().map(|o| SharedOut::new(o)).collect();
-    // Task i is group `i − starts[p]` of part p, for the last p with `starts[p] ≤ i`.
-    let starts: Vec<usize> = groups.iter().scan(0, |s, g| Some(std::mem::replace(s, *s + g))).collect();
-    for_each_chunk(groups.iter().sum(), |range| {
-        for i in range {
-            let p = starts.partition_point(|&s| s <= i) - 1;
-            let (part, g, padded) = (&parts[p], i - starts[p], groups[p] * GROUP);
-            let w = &part.data[g * part.group_bytes..(g + 1) * part.group_bytes];
-            for r0 in (0..m).step_by(GROUP_TILE) {
-                let rows = GROUP_TILE.min(m - r0);
-                // SAFETY: this group's 16 columns of part p's output (`[m, padded]`) are written by this task only.
-                let at = unsafe { dsts[p].ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
-                (part.tile)(w, r0, rows, at, padded);
-            }
-        }
-    });
-    drop(dsts);
-    for (out, part) in outs.iter_mut().zip(parts) {
-        let padded = part.n.div_ceil(GROUP) * GROUP;
-        if padded != part.n {
-            *out = out.chunks_exact(padded).flat_map(|row| &row[..part.n]).copied().collect();
-        }
-    }
-    outs
-}
 
 /// Activation rows that share one unpacking of each weight block: in the row layout (16 AVX2 registers)
 /// and in the interleaved one (32 AVX-512 registers).
 const TILE: usize = 4;
-pub(super) const GROUP_TILE: usize = 8;
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
 /// multiple of 16) are zero blocks, whose scale 0 makes their products 0.
@@ -456,39 +313,9 @@ fn interleave(kind: BlockKind, n: usize, k: usize, read: &mut RowReader) -> Resu
     })
 }
 
-/// Groups of 16 weight rows read at once when regrouping at load (a few megabytes at most).
-const LOAD_GROUPS: usize = 128;
 
-/// Regroups `n` stored rows of `row_bytes` (which `read` gives) into groups of 16 rows, `group_bytes` each:
-/// `place(rows, group)` writes one group from its rows (16, or fewer in the last group), the groups of a read
-/// in parallel. The regrouped tensor is the only full copy held.
-pub fn regroup(
-    n: usize,
-    row_bytes: usize,
-    group_bytes: usize,
-    read: &mut RowReader,
-    place: impl Fn(&[u8], &mut [u8]) + Sync,
-) -> Result<Vec<u8>> {
-    use rayon::prelude::*;
-    let groups = n.div_ceil(GROUP);
-    let mut out = vec![0u8; groups * group_bytes];
-    for (batch, dst) in out.chunks_mut(LOAD_GROUPS * group_bytes).enumerate() {
-        let first = batch * LOAD_GROUPS * GROUP;
-        let rows = read(first..n.min(first + LOAD_GROUPS * GROUP))?;
-        dst.par_chunks_mut(group_bytes)
-            .zip(rows.par_chunks(GROUP * row_bytes))
-            .for_each(|(group, rows)| place(rows, group));
-    }
-    Ok(out)
-}
 
-/// Gives the stored bytes of a range of weight rows (row-major, as in the file).
-pub type RowReader<'a> = dyn FnMut(std::ops::Range<usize>) -> Result<Vec<u8>> + 'a;
 
-/// The reader over a tensor already in memory, `row_bytes` per row.
-pub fn rows_of(data: &[u8], row_bytes: usize) -> impl FnMut(std::ops::Range<usize>) -> Result<Vec<u8>> + '_ {
-    move |rows| Ok(data[rows.start * row_bytes..rows.end * row_bytes].to_vec())
-}
 
 /// Bytes before the scales in an interleaved group-block: the integers and, for Q5_0, the fifth bits.
 fn group_quant_bytes(kind: BlockKind) -> usize {
@@ -582,17 +409,14 @@ enum Simd {
 
 impl Simd {
     fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni")
-            {
-                return Simd::Avx512;
-            }
-            return Simd::Avx2;
+        let f = crate::kernels::cpu::features();
+        if f.avx2_fma_f16c && f.avx512_vnni {
+            Simd::Avx512
+        } else if f.avx2_fma_f16c {
+            Simd::Avx2
+        } else {
+            Simd::Scalar
         }
-        Simd::Scalar
     }
 }
 
@@ -805,7 +629,7 @@ mod avx512 {
     /// at a time, 1.1 µs so (on SmolLM2, 0.7 ms of an 8-token forward went to quantizing activations).
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     pub unsafe fn quantize_16_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
-        use crate::model::simd::{fold16, FOLD16_SLOT};
+        use crate::kernels::simd::{fold16, FOLD16_SLOT};
         assert!(x.len() == 16 * QK && qs.len() == 16 * QK && d.len() == 16 && s.len() == 16 && isum.len() == 16);
         let x = x.as_ptr();
         let half = |b: usize, h: usize| _mm512_loadu_ps(x.add(b * QK + 16 * h));
@@ -929,6 +753,7 @@ pub(super) mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::kernels::quant::{matmul_shared, matmul_silu_gated};
 
     fn weights(kind: GgmlDType, n: usize, k: usize) -> QTensor {
         let vals: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * (1.0 + (i % 7) as f32)).collect();
@@ -937,12 +762,12 @@ pub(super) mod tests {
     }
 
     /// `m` activation rows of `k`, deterministic.
-    pub(in crate::model) fn input(m: usize, k: usize) -> Vec<f32> {
+    pub(in crate::kernels) fn input(m: usize, k: usize) -> Vec<f32> {
         (0..m * k).map(|i| ((i * 13 % 29) as f32 / 14.0 - 1.0) * 0.5).collect()
     }
 
     /// `y` (our product of `x`, `[m, k]`, with `q`) is within 1e-4 relative of candle's kernel for `q`.
-    pub(in crate::model) fn assert_matches_candle(q: QTensor, x: &[f32], m: usize, y: &[f32], what: &str) {
+    pub(in crate::kernels) fn assert_matches_candle(q: QTensor, x: &[f32], m: usize, y: &[f32], what: &str) {
         use candle_core::Module;
         let k = x.len() / m;
         let reference = candle_core::quantized::QMatMul::from_qtensor(q)
@@ -1056,7 +881,7 @@ pub(super) mod tests {
             for m in [1, 5, 8, 13] {
                 let x = input(m, k);
                 let mut expected = up.matmul(&x, m);
-                crate::model::silu::silu_mul(&gate.matmul(&x, m), &mut expected);
+                crate::kernels::activations::silu_mul(&gate.matmul(&x, m), &mut expected);
                 assert_eq!(matmul_silu_gated(&gate, &up, &x, m, k).unwrap(), expected, "{kind:?} {m} rows");
             }
         }

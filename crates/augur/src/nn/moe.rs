@@ -5,9 +5,10 @@
 
 use candle_core::{Device, Tensor};
 
-use super::config::{MoeConfig, ModelConfig};
-use super::layers::Mlp;
-use super::weights::{Linear, Weights};
+use crate::config::{MoeConfig, ModelConfig};
+use crate::nn::Mlp;
+use crate::io::weights::Weights;
+use crate::nn::Linear;
 use crate::error::{Error, Result};
 
 pub struct SparseMoe {

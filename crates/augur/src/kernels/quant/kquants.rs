@@ -14,15 +14,13 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use super::qkernels::{
-    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel,
+use super::{
+    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel, GROUP,
 };
 use crate::error::{Error, Result};
 
 /// Elements per super-block.
 const QK_K: usize = 256;
-/// Weight rows per interleaved group: the 16 i32 lanes of an AVX-512 register.
-const GROUP: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KKind {
@@ -332,13 +330,10 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
-    use crate::model::qkernels::GROUP_TILE;
+    use crate::kernels::quant::GROUP_TILE;
 
     pub fn available() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-            && is_x86_feature_detected!("f16c")
+        crate::kernels::cpu::features().avx512_vnni
     }
 
     /// [`super::quantize_superblock_scalar`] with 512-bit registers: the same operations per element (rounding
@@ -546,7 +541,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
-    use crate::model::qkernels::tests::{assert_matches_candle, input};
+    use crate::kernels::quant::blocks32::tests::{assert_matches_candle, input};
 
     fn weights(kind: GgmlDType, n: usize, k: usize) -> QTensor {
         let vals: Vec<f32> =
@@ -623,7 +618,7 @@ mod tests {
     /// bits of the separate products (followed by `silu_mul`); a 32-element block type is refused.
     #[test]
     fn shared_products_match_their_own() {
-        use crate::model::qkernels::{matmul_shared, matmul_silu_gated, BlockMatrix};
+        use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated};
         if !avx512::available() {
             return;
         }
@@ -636,7 +631,7 @@ mod tests {
             let shared = matmul_shared(&[&q4, &q6], &x, m, k).unwrap();
             assert_eq!(shared, [q4.matmul(&x, m), q6.matmul(&x, m)], "{m} rows");
             let mut expected = up.matmul(&x, m);
-            crate::model::silu::silu_mul(&q4.matmul(&x, m), &mut expected);
+            crate::kernels::activations::silu_mul(&q4.matmul(&x, m), &mut expected);
             assert_eq!(matmul_silu_gated(&q4, &up, &x, m, k).unwrap(), expected, "gated, {m} rows");
         }
         let q8 = BlockMatrix::from_qtensor(&weights(GgmlDType::Q8_0, 16, k)).unwrap().unwrap();

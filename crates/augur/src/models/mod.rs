@@ -2,47 +2,29 @@
 //! position and returns logits for every position asked for, hidden states, or an early layer's output; the
 //! cache can be cut back to any length.
 
-pub mod config;
+pub mod decoder;
 mod deepseek_v3;
 mod gemma3;
-mod glm4_moe;
 pub mod gemma4;
 pub mod gemma4_assistant;
-pub mod gguf;
-// AVX-512 kernels only: elsewhere Q4_K and Q6_K run on candle's.
-#[cfg(target_arch = "x86_64")]
-mod kquants;
-pub mod kv_cache;
-// Here and below: parts used only by the x86 SIMD paths.
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub mod layers;
+mod glm4_moe;
 mod llama;
-mod moe;
+mod moe_block;
 pub mod mtp;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-mod parallel;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-mod qkernels;
 mod qwen2;
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-mod silu;
-#[cfg(target_arch = "x86_64")]
-mod simd;
-pub mod weights;
+mod registry;
 
 use std::path::Path;
 
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 
-pub use config::{Architecture, LayerKind, ModelConfig};
-use kv_cache::KvCache;
-pub use weights::Weights;
+pub use registry::{build, SUPPORTED_ARCHITECTURES};
 
+pub use crate::config::{Architecture, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-
-pub const SUPPORTED_ARCHITECTURES: &[&str] =
-    &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant", "deepseek_v3", "glm4_moe"];
+pub use crate::io::weights::Weights;
+use crate::nn::KvCache;
 
 /// Which positions of a forward block get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,22 +79,12 @@ pub trait CausalLm: Send {
             self.config().architecture.name()
         )))
     }
-    /// How many forwards of this model and its forks ran batched with another fork's (see `layers::Batcher`).
+    /// How many forwards of this model and its forks ran batched with another fork's.
     fn batched_forwards(&self) -> u64 {
         0
     }
-    /// Hands over the model's multi-token-prediction layers, if it has any (they are then the MTP drafter's).
-    fn take_mtp(&mut self) -> Option<Box<dyn mtp::MtpHead>> {
-        None
-    }
-    /// The model's scaled input embeddings of `tokens`, `[t, hidden]`, for drafters that embed with the target's
-    /// table (Gemma 4's assistant).
-    fn embed_tokens(&self, _tokens: &[u32]) -> Result<Tensor> {
-        Err(Error::InvalidOption(format!("{} does not expose its input embeddings", self.config().architecture.name())))
-    }
-    /// The KV cache that a KV-sharing model keeps for layers of `kind` to reuse (Gemma 4's store layers), which
-    /// its assistant reads; `None` for models without KV sharing.
-    fn shared_kv(&self, _kind: LayerKind) -> Option<&KvCache> {
+    /// The KV that the model shares with a drafter that reads it (Gemma 4's assistant), if it shares any.
+    fn kv_sharing(&self) -> Option<Box<dyn KvSharing + '_>> {
         None
     }
     /// The model as `Any`, for callers that need an architecture's own API (a drafter model that is not run on
@@ -122,17 +94,19 @@ pub trait CausalLm: Send {
     }
 }
 
-/// Builds the model for `cfg.architecture`: the architecture registry.
-pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Box<dyn CausalLm>> {
-    match cfg.architecture {
-        Architecture::Llama => Ok(Box::new(llama::load(cfg, w)?)),
-        Architecture::Qwen2 => Ok(Box::new(qwen2::load(cfg, w)?)),
-        Architecture::Gemma3 => Ok(Box::new(gemma3::load(cfg, w)?)),
-        Architecture::DeepseekV3 => Ok(Box::new(deepseek_v3::load(cfg, w)?)),
-        Architecture::Glm4Moe => Ok(Box::new(glm4_moe::load(cfg, w)?)),
-        Architecture::Gemma4 => Ok(Box::new(gemma4::load(cfg, w)?)),
-        Architecture::Gemma4Assistant => Ok(Box::new(gemma4_assistant::load(cfg, w)?)),
-    }
+/// A model that keeps KV for layers of another kind to reuse (Gemma 4's store layers), which its assistant
+/// reads, and embeds tokens for that assistant with its own table.
+pub trait KvSharing {
+    /// The cache that layers of `kind` reuse.
+    fn shared_kv(&self, kind: LayerKind) -> Option<&KvCache>;
+    /// The model's scaled input embeddings of `tokens`, `[t, hidden]`.
+    fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor>;
+}
+
+/// What the registry builds: the model and, for checkpoints with them, the MTP layers (the MTP drafter's).
+pub struct Built {
+    pub model: Box<dyn CausalLm>,
+    pub mtp: Option<Box<dyn mtp::MtpHead>>,
 }
 
 /// A loaded model with what was read alongside it.
@@ -188,8 +162,8 @@ pub fn load_reading_gguf<T>(
         let mut w = Weights::open_safetensors(path, cfg.architecture, device)?;
         w.dequantize = opts.dequantize;
         let weights_info = info(&w);
-        let mut model = build(cfg, &w)?;
-        Ok((LoadedModel { mtp: model.take_mtp(), model, weights_info }, None))
+        let Built { model, mtp } = build(cfg, &w)?;
+        Ok((LoadedModel { model, mtp, weights_info }, None))
     } else if path.is_file() {
         let mut w = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
@@ -199,11 +173,11 @@ pub fn load_reading_gguf<T>(
         w.drop_gguf_metadata();
         if w.contains("rope_freqs.weight") {
             let f = w.f32("rope_freqs.weight", &[cfg.head_dim / 2])?.to_vec1::<f32>()?;
-            cfg.rope_scaling = config::RopeScaling::Factors(f);
+            cfg.rope_scaling = crate::config::RopeScaling::Factors(f);
         }
         let weights_info = info(&w);
-        let mut model = build(cfg, &w)?;
-        Ok((LoadedModel { mtp: model.take_mtp(), model, weights_info }, Some(read)))
+        let Built { model, mtp } = build(cfg, &w)?;
+        Ok((LoadedModel { model, mtp, weights_info }, Some(read)))
     } else {
         Err(Error::ModelNotFound(path.display().to_string()))
     }

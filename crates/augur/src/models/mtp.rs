@@ -5,12 +5,11 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::config::ModelConfig;
-use super::kv_cache::KvCache;
-use super::layers::{Block, Decoder, RmsNorm, Ropes, Step};
-use super::weights::{Embedding, Linear, Weights};
-use super::{CausalLm, ForwardOptions, ForwardOutput};
+use super::decoder::{Block, Decoder};
+use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
+use crate::nn::{Embedding, KvCache, Linear, RmsNorm, Ropes, Step};
 
 /// The MTP layers of a loaded model, driven by the MTP drafter.
 pub trait MtpHead: Send {
@@ -80,7 +79,7 @@ impl<B: Block> Mtp<B> {
         Ok(Some(Self {
             layers,
             embed: decoder.embed.clone(),
-            lm_head: decoder.lm_head.clone(),
+            lm_head: decoder.head.lm_head.clone(),
             ropes: Ropes::new(cfg)?,
             device: w.device().clone(),
         }))
@@ -126,42 +125,5 @@ impl<B: Block> MtpHead for Mtp<B> {
         if let Some(l) = self.layers.get_mut(k) {
             l.cache.truncate(len);
         }
-    }
-}
-
-/// A decoder with its MTP layers, which the pipeline takes out for the MTP drafter.
-pub struct WithMtp<B: Block> {
-    pub decoder: Decoder<B>,
-    pub mtp: Option<Box<dyn MtpHead>>,
-}
-
-impl<B: Block> CausalLm for WithMtp<B> {
-    fn config(&self) -> &ModelConfig {
-        self.decoder.config()
-    }
-
-    fn forward(&mut self, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
-        self.decoder.forward(tokens, opts)
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.decoder.truncate(len)
-    }
-
-    fn cache_len(&self) -> usize {
-        self.decoder.cache_len()
-    }
-
-    fn take_mtp(&mut self) -> Option<Box<dyn MtpHead>> {
-        self.mtp.take()
-    }
-
-    fn batched_forwards(&self) -> u64 {
-        self.decoder.batched_forwards()
-    }
-
-    /// A fork runs the decoder only: the MTP layers (and their caches) stay with this model.
-    fn fork(&self) -> Result<Box<dyn CausalLm>> {
-        self.decoder.fork()
     }
 }

@@ -12,11 +12,13 @@
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::config::{LayerKind, ModelConfig};
+use crate::config::{LayerKind, ModelConfig};
 use super::gemma4::{Gemma4Config, Layer, Rows};
-use super::kv_cache::KvCache;
-use super::layers::{attend, AttendShape, Rope, RmsNorm};
-use super::weights::{Linear, Weights};
+use crate::nn::kv_cache::KvCache;
+use crate::kernels::attention::{attend, AttendShape};
+use crate::nn::{RmsNorm, Rope};
+use crate::io::weights::Weights;
+use crate::nn::Linear;
 use super::{CausalLm, ForwardOptions, ForwardOutput};
 use crate::error::{Error, Result};
 

@@ -4,13 +4,15 @@
 
 use candle_core::{DType, Tensor};
 
-use super::config::{MlaConfig, ModelConfig, RopeLayout};
-use super::kv_cache::KvCache;
-use super::layers::{attend, causal, flat, AttendShape, Block, Decoder, per_sequence, Ropes, RmsNorm, Step};
-use super::moe::FeedForward;
-use super::mtp::{Mtp, MtpHead, WithMtp};
-use super::weights::{Linear, Weights};
+use super::decoder::Decoder;
+use super::moe_block::{MoeBlock, SequenceAttention};
+use super::mtp::{Mtp, MtpHead};
+use super::Built;
+use crate::config::{MlaConfig, ModelConfig, RopeLayout};
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
+use crate::kernels::attention::{attend, causal, AttendShape};
+use crate::nn::{flat, KvCache, Linear, RmsNorm, Ropes, Step};
 
 /// The query projection: full rank, or through a normalised low-rank bottleneck.
 enum QueryProj {
@@ -57,6 +59,9 @@ impl MlaAttention {
         })
     }
 
+}
+
+impl SequenceAttention for MlaAttention {
     /// An empty cache: expanded keys and values per head, both padded to `max(qk_head_dim, v_head_dim)`.
     fn new_cache(&self) -> KvCache {
         let m = &self.mla;
@@ -115,42 +120,9 @@ impl MlaAttention {
     }
 }
 
-pub struct DeepseekV3Block {
-    input_layernorm: RmsNorm,
-    self_attn: MlaAttention,
-    post_attention_layernorm: RmsNorm,
-    mlp: FeedForward,
-}
+pub type DeepseekV3Block = MoeBlock<MlaAttention>;
 
-impl DeepseekV3Block {
-    /// Layer `i`; layers before `first_dense` use the dense MLP.
-    fn load(w: &Weights, cfg: &ModelConfig, mla: &MlaConfig, i: usize, first_dense: usize) -> Result<Self> {
-        let p = format!("model.layers.{i}");
-        let norm = |n: &str| RmsNorm::load(w, &format!("{p}.{n}.weight"), cfg.hidden_size, cfg.rms_norm_eps, false);
-        Ok(Self {
-            input_layernorm: norm("input_layernorm")?,
-            self_attn: MlaAttention::load(w, &format!("{p}.self_attn"), cfg, mla)?,
-            post_attention_layernorm: norm("post_attention_layernorm")?,
-            mlp: FeedForward::load(w, &format!("{p}.mlp"), cfg, i, first_dense)?,
-        })
-    }
-}
-
-impl Block for DeepseekV3Block {
-    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
-        let a = per_sequence(&self.input_layernorm.forward(x)?, steps, caches, |x, step, cache| {
-            self.self_attn.forward(x, step, ropes, cache)
-        })?;
-        let h = (x + a)?;
-        Ok((&h + self.mlp.forward(&self.post_attention_layernorm.forward(&h)?)?)?)
-    }
-
-    fn new_cache(&self) -> KvCache {
-        self.self_attn.new_cache()
-    }
-}
-
-pub fn load(mut cfg: ModelConfig, w: &Weights) -> Result<WithMtp<DeepseekV3Block>> {
+pub fn load(mut cfg: ModelConfig, w: &Weights) -> Result<Built> {
     if w.is_gguf() {
         return Err(Error::config("general.architecture", "deepseek_v3 loads from safetensors only"));
     }
@@ -158,11 +130,12 @@ pub fn load(mut cfg: ModelConfig, w: &Weights) -> Result<WithMtp<DeepseekV3Block
     let first_dense = cfg.moe.as_ref().map_or(0, |m| m.first_k_dense_replace);
     // The interleaved pairs are rotated in place; only q·k is used, so the layout need not match Transformers'.
     cfg.rope_layout = if mla.rope_interleave { RopeLayout::Interleaved } else { RopeLayout::Halves };
-    let layers = (0..cfg.num_hidden_layers)
-        .map(|i| DeepseekV3Block::load(w, &cfg, &mla, i, first_dense))
-        .collect::<Result<Vec<_>>>()?;
+    let block = |w: &Weights, i: usize, first_dense: usize| {
+        let attn = MlaAttention::load(w, &format!("model.layers.{i}.self_attn"), &cfg, &mla)?;
+        DeepseekV3Block::load(w, &cfg, i, first_dense, attn)
+    };
+    let layers = (0..cfg.num_hidden_layers).map(|i| block(w, i, first_dense)).collect::<Result<Vec<_>>>()?;
     let decoder = Decoder::new(cfg.clone(), w, layers, None, false)?;
-    let mtp = Mtp::load(&cfg, w, &decoder, |w, i| DeepseekV3Block::load(w, &cfg, &mla, i, 0))?
-        .map(|m| Box::new(m) as Box<dyn MtpHead>);
-    Ok(WithMtp { decoder, mtp })
+    let mtp = Mtp::load(&cfg, w, &decoder, |w, i| block(w, i, 0))?.map(|m| Box::new(m) as Box<dyn MtpHead>);
+    Ok(Built { model: Box::new(decoder.into_lm()), mtp })
 }

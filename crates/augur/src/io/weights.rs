@@ -1,0 +1,367 @@
+//! Weights from a GGUF file (quantized tensors, llama.cpp names) or a Hugging Face directory (safetensors,
+//! single or sharded). Model files ask for tensors by their Hugging Face names; GGUF names are derived here,
+//! in one place.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::Architecture;
+use crate::error::{Error, Result};
+use crate::kernels::quant::RowReader;
+use crate::nn::{Embedding, Linear, StoredTable};
+
+enum Source {
+    /// Tensors are read from the file into memory one at a time (not mapped): the file's pages then stay in the
+    /// page cache instead of adding to the process's resident memory next to the weights' own copies.
+    Gguf { content: gguf_file::Content, file: Mutex<File> },
+    Safetensors { tensors: candle_core::safetensors::MmapedSafetensors },
+}
+
+pub struct Weights {
+    source: Source,
+    path: PathBuf,
+    arch: Architecture,
+    device: Device,
+    /// Dequantize every tensor to f32 at load: the reference path for comparing with another implementation.
+    pub dequantize: bool,
+}
+
+/// Reads `buf.len()` bytes at `offset` of `file`.
+pub(crate) fn read_at(file: &Mutex<File>, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    // A panic elsewhere while holding the lock leaves the file handle as usable as before.
+    let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(buf)
+}
+
+/// Bytes of one stored row of `cols` elements of `dtype`. The reader checked every GGUF tensor's size and end
+/// against the file ([`crate::io::gguf::read`]), so row offsets within a tensor (`start + row · row_bytes`) stay
+/// inside the file and cannot overflow.
+fn row_bytes(dtype: GgmlDType, cols: usize) -> usize {
+    cols / dtype.block_size() * dtype.type_size()
+}
+
+/// llama.cpp's name for a Hugging Face tensor name.
+fn gguf_name(arch: Architecture, hf: &str) -> String {
+    match hf {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let Some(rest) = hf.strip_prefix("model.layers.") else { return hf.to_string() };
+    let Some((layer, rest)) = rest.split_once('.') else { return hf.to_string() };
+    let (module, suffix) = rest.rsplit_once('.').unwrap_or((rest, ""));
+    let g = match module {
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if arch == Architecture::Gemma3 => "post_attention_norm",
+        "post_attention_layernorm" => "ffn_norm",
+        "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffw_norm",
+        other => other,
+    };
+    format!("blk.{layer}.{g}.{suffix}")
+}
+
+/// The shard files that `model.safetensors.index.json` (at `index`, read as `text`) lists, each inside `dir`.
+///
+/// A shard name must be a relative path of plain components: `..`, a root or a drive prefix would let a
+/// downloaded index open files outside the model directory. The check is on the name, not on the resolved path,
+/// since the Hugging Face cache keeps shards as symlinks into its blob store.
+pub fn shard_paths(dir: &Path, index: &Path, text: &str) -> Result<Vec<PathBuf>> {
+    let bad = |reason: String| Error::BadFile { path: index.to_path_buf(), format: "safetensors index", reason };
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let mut shards = Vec::new();
+    for (tensor, shard) in map {
+        let shard =
+            shard.as_str().ok_or_else(|| bad(format!("`weight_map.{tensor}` should be a file name, found {shard}")))?;
+        let plain =
+            !shard.is_empty() && Path::new(shard).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain {
+            return Err(bad(format!("`weight_map.{tensor}` = {shard:?} is not a file name inside the model directory")));
+        }
+        shards.push(dir.join(shard));
+    }
+    shards.sort();
+    shards.dedup();
+    Ok(shards)
+}
+
+fn gguf_error(path: &Path, reason: impl ToString) -> Error {
+    Error::BadFile { path: path.to_path_buf(), format: "GGUF", reason: reason.to_string() }
+}
+
+impl Weights {
+    /// Opens a GGUF file and checks that every tensor it lists lies inside the file (see [`crate::io::gguf`]).
+    pub fn open_gguf(path: &Path, device: &Device) -> Result<Self> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file_len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        let mut reader = std::io::BufReader::new(f);
+        let content = crate::io::gguf::read(&mut reader, file_len, path)?;
+        let f = reader.into_inner();
+        let arch_name = content
+            .metadata
+            .get("general.architecture")
+            .and_then(|v| v.to_string().ok().cloned())
+            .ok_or_else(|| Error::config("general.architecture", format!("missing from {}", path.display())))?;
+        let arch = Architecture::parse(&arch_name)?;
+        Ok(Weights {
+            source: Source::Gguf { content, file: Mutex::new(f) },
+            path: path.to_path_buf(),
+            arch,
+            device: device.clone(),
+            dequantize: false,
+        })
+    }
+
+    /// The GGUF file's metadata and tensor table; `None` for a safetensors directory.
+    pub fn gguf(&self) -> Option<&gguf_file::Content> {
+        match &self.source {
+            Source::Gguf { content, .. } => Some(content),
+            Source::Safetensors { .. } => None,
+        }
+    }
+
+    /// Forgets the GGUF metadata and keeps the tensor table. Once the configuration and the tokenizer are read,
+    /// the metadata is only memory: SmolLM2's vocabulary and merges take 6.3 MB as candle's values, otherwise held
+    /// through the whole load.
+    pub fn drop_gguf_metadata(&mut self) {
+        if let Source::Gguf { content, .. } = &mut self.source {
+            content.metadata = HashMap::new();
+        }
+    }
+
+    /// Opens `model.safetensors` or the shards listed by `model.safetensors.index.json` in `dir`.
+    pub fn open_safetensors(dir: &Path, arch: Architecture, device: &Device) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            shard_paths(dir, &index, &text)?
+        } else {
+            return Err(Error::io(
+                &single,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors nor model.safetensors.index.json"),
+            ));
+        };
+        for f in &files {
+            if !f.exists() {
+                return Err(Error::io(f, std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing")));
+            }
+        }
+        let tensors = crate::kernels::mmap::safetensors(&files).map_err(|(e, bad)| Error::BadFile {
+            path: bad.unwrap_or_else(|| dir.to_path_buf()),
+            format: "safetensors",
+            reason: e.to_string(),
+        })?;
+        Ok(Weights {
+            source: Source::Safetensors { tensors },
+            path: dir.to_path_buf(),
+            arch,
+            device: device.clone(),
+            dequantize: false,
+        })
+    }
+
+    pub fn is_gguf(&self) -> bool {
+        matches!(self.source, Source::Gguf { .. })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn stored_name(&self, hf: &str) -> String {
+        match self.source {
+            Source::Gguf { .. } => gguf_name(self.arch, hf),
+            Source::Safetensors { .. } => hf.to_string(),
+        }
+    }
+
+    pub fn contains(&self, hf: &str) -> bool {
+        let name = self.stored_name(hf);
+        match &self.source {
+            Source::Gguf { content, .. } => content.tensor_infos.contains_key(&name),
+            Source::Safetensors { tensors } => tensors.get(&name).is_ok(),
+        }
+    }
+
+    fn missing(&self, name: String) -> Error {
+        Error::MissingTensor { path: self.path.clone(), name }
+    }
+
+    fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
+        if actual != expected {
+            return Err(Error::ShapeMismatch { name: name.to_string(), expected: expected.to_vec(), actual: actual.to_vec() });
+        }
+        Ok(())
+    }
+
+    /// A GGUF tensor's entry, with its shape checked.
+    fn tensor_info<'c>(&self, content: &'c gguf_file::Content, name: &str, shape: &[usize]) -> Result<&'c gguf_file::TensorInfo> {
+        let info = content.tensor_infos.get(name).ok_or_else(|| self.missing(name.to_string()))?;
+        Self::check_shape(name, info.shape.dims(), shape)?;
+        Ok(info)
+    }
+
+    fn qtensor(&self, content: &gguf_file::Content, file: &Mutex<File>, name: &str, shape: &[usize]) -> Result<QTensor> {
+        let info = self.tensor_info(content, name, shape)?;
+        // A panic elsewhere while holding the lock leaves the file handle as usable as before.
+        let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        info.read(&mut *file, content.tensor_data_offset, &self.device)
+            .map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))
+    }
+
+    /// A tensor dequantized or converted to f32, with its shape checked.
+    pub fn f32(&self, hf: &str, shape: &[usize]) -> Result<Tensor> {
+        let name = self.stored_name(hf);
+        match &self.source {
+            Source::Gguf { content, file } => Ok(self.qtensor(content, file, &name, shape)?.dequantize(&self.device)?),
+            Source::Safetensors { tensors } => {
+                let view = tensors.get(&name).map_err(|_| self.missing(name.clone()))?;
+                Self::check_shape(&name, view.shape(), shape)?;
+                let t = tensors.load(&name, &self.device)?;
+                Ok(t.to_dtype(DType::F32)?)
+            }
+        }
+    }
+
+    /// A weight used in products as stored (quantized) when it comes from a GGUF file; `None` where it is
+    /// used as dense f32 instead: safetensors (bf16 is widened once here rather than on every product, see the
+    /// CPU notes) or a dequantized load.
+    fn quantized(&self, hf: &str, shape: &[usize]) -> Result<Option<Arc<QTensor>>> {
+        match &self.source {
+            Source::Gguf { content, file } if !self.dequantize => {
+                Ok(Some(Arc::new(self.qtensor(content, file, &self.stored_name(hf), shape)?)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    pub fn linear(&self, hf_prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
+        let wname = format!("{hf_prefix}.weight");
+        let bias_of = || -> Result<Option<Tensor>> {
+            Ok(if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None })
+        };
+        if let Some((dtype, mut read)) = self.stored_rows(&wname, &[out_dim, in_dim])? {
+            if let Some(linear) = Linear::from_stored(dtype, out_dim, in_dim, &mut read, bias_of()?)? {
+                return Ok(linear);
+            }
+        }
+        let weight = match self.quantized(&wname, &[out_dim, in_dim])? {
+            Some(q) => QMatMul::from_arc(q)?,
+            None => QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?),
+        };
+        Linear::new(weight, bias_of()?)
+    }
+
+    /// A quantized GGUF tensor `[rows, cols]` (shape checked) on a CPU load: its type and a reader of its
+    /// stored rows, for kernels that regroup the rows at load.
+    fn stored_rows(&self, hf: &str, shape: &[usize]) -> Result<Option<(GgmlDType, Box<RowReader<'_>>)>> {
+        let Source::Gguf { content, file } = &self.source else { return Ok(None) };
+        if self.dequantize || !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let name = self.stored_name(hf);
+        let info = self.tensor_info(content, &name, shape)?;
+        let dtype = info.ggml_dtype;
+        let row_bytes = row_bytes(dtype, shape[1]);
+        let start = content.tensor_data_offset + info.offset;
+        let read = move |rows: std::ops::Range<usize>| -> Result<Vec<u8>> {
+            let mut bytes = vec![0u8; rows.len() * row_bytes];
+            read_at(file, start + (rows.start * row_bytes) as u64, &mut bytes)
+                .map_err(|e| gguf_error(&self.path, format!("tensor `{name}`: {e}")))?;
+            Ok(bytes)
+        };
+        Ok(Some((dtype, Box::new(read))))
+    }
+
+    pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        if let Source::Gguf { content, .. } = &self.source {
+            let name = self.stored_name(hf);
+            let info = self.tensor_info(content, &name, &[vocab, hidden])?;
+            let dtype = info.ggml_dtype;
+            // Float tables are used dense, as are all tables of a dequantized load.
+            if !self.dequantize && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+                let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+                return Ok(Embedding::Stored(Arc::new(StoredTable {
+                    file: Mutex::new(file),
+                    path: self.path.clone(),
+                    start: content.tensor_data_offset + info.offset,
+                    row_bytes: row_bytes(dtype, hidden),
+                    dtype,
+                    rows: vocab,
+                    hidden,
+                    hf_prefix: hf.strip_suffix(".weight").unwrap_or(hf).to_string(),
+                    name,
+                })));
+            }
+        }
+        Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?))
+    }
+
+    /// Quantization types of the stored tensors with their counts, for `augur info`.
+    pub fn dtype_summary(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        match &self.source {
+            Source::Gguf { content, .. } => {
+                for info in content.tensor_infos.values() {
+                    *out.entry(format!("{:?}", info.ggml_dtype)).or_default() += 1;
+                }
+            }
+            Source::Safetensors { tensors } => {
+                for (_, view) in tensors.tensors() {
+                    *out.entry(format!("{:?}", view.dtype())).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Number of parameters stored.
+    pub fn parameter_count(&self) -> usize {
+        match &self.source {
+            Source::Gguf { content, .. } => content.tensor_infos.values().map(|i| i.shape.elem_count()).sum(),
+            Source::Safetensors { tensors } => {
+                tensors.tensors().iter().map(|(_, v)| v.shape().iter().product::<usize>()).sum()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_names_follow_llama_cpp() {
+        let a = Architecture::Llama;
+        assert_eq!(gguf_name(a, "model.layers.3.self_attn.q_proj.weight"), "blk.3.attn_q.weight");
+        assert_eq!(gguf_name(a, "model.layers.0.self_attn.k_proj.bias"), "blk.0.attn_k.bias");
+        assert_eq!(gguf_name(a, "model.layers.1.post_attention_layernorm.weight"), "blk.1.ffn_norm.weight");
+        assert_eq!(
+            gguf_name(Architecture::Gemma3, "model.layers.1.post_attention_layernorm.weight"),
+            "blk.1.post_attention_norm.weight"
+        );
+        assert_eq!(gguf_name(a, "model.embed_tokens.weight"), "token_embd.weight");
+        assert_eq!(gguf_name(a, "lm_head.weight"), "output.weight");
+    }
+}

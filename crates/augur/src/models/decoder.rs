@@ -1,0 +1,308 @@
+//! The decoder every architecture shares: embeddings → blocks → final norm → LM head, with the one logits
+//! tail. [`Decoder`] holds the weights; a [`DecoderSequence`] holds one sequence's caches, and
+//! [`crate::batching::Batched`] runs sequences over one decoder.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{ForwardOptions, ForwardOutput, LogitRows};
+use crate::batching::{BatchModel, Batched, Job};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::io::weights::Weights;
+use crate::nn::{flat, Embedding, KvCache, Linear, RmsNorm, Ropes, Step};
+
+/// One decoder layer of an architecture: weights only, shared by every sequence of the loaded model.
+pub trait Block: Send + Sync + 'static {
+    /// `x`: `[1, rows, hidden]`, the rows of the sequences in `steps` one after the other → `[1, rows, hidden]`,
+    /// appending to each sequence's cache for this layer (`caches[i]` for `steps[i]`).
+    fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor>;
+    /// An empty cache of the shape this layer's attention keeps, for a new sequence.
+    fn new_cache(&self) -> KvCache;
+}
+
+/// The final norm, the LM head and the soft-cap: the logits tail of every architecture.
+#[derive(Clone)]
+pub struct LogitsHead {
+    pub norm: RmsNorm,
+    pub lm_head: Linear,
+    pub final_logit_softcapping: Option<f64>,
+}
+
+impl LogitsHead {
+    /// Loads `norm_name` and `lm_head` (or the embedding table, when tied).
+    pub fn load(cfg: &ModelConfig, w: &Weights, embed: &Embedding, norm_name: &str, plus_one: bool) -> Result<Self> {
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.as_linear(w)?
+        } else {
+            w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?
+        };
+        let norm = RmsNorm::load(w, norm_name, cfg.hidden_size, cfg.rms_norm_eps, plus_one)?;
+        Ok(Self { norm, lm_head, final_logit_softcapping: cfg.final_logit_softcapping })
+    }
+
+    /// The rows of `x` (`[t, hidden]`) that `rows` asks logits for.
+    pub fn pick(x: &Tensor, rows: &LogitRows) -> Result<Option<Tensor>> {
+        let t = x.dim(0)?;
+        Ok(match rows {
+            LogitRows::All => Some(x.clone()),
+            LogitRows::Last(n) => {
+                let n = (*n).clamp(1, t);
+                Some(x.narrow(0, t - n, n)?)
+            }
+            LogitRows::None => None,
+        })
+    }
+
+    /// `[rows, hidden]` (before the final norm) → `[rows, min(head_rows, vocab)]` f32 logits.
+    pub fn logits(&self, rows: &Tensor, head_rows: usize) -> Result<Tensor> {
+        let mut l = self.lm_head.forward_first(&self.norm.forward(rows)?, head_rows)?;
+        if let Some(cap) = self.final_logit_softcapping {
+            l = ((l / cap)?.tanh()? * cap)?;
+        }
+        Ok(l.to_dtype(DType::F32)?)
+    }
+
+    /// One sequence's outputs from its last hidden states `x` (`[t, hidden]`).
+    pub fn outputs(&self, x: &Tensor, opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let hidden = if opts.hidden_states { Some(self.norm.forward(x)?) } else { None };
+        let head_rows = opts.head_rows.unwrap_or(usize::MAX);
+        let logits = Self::pick(x, &opts.logits)?.map(|r| self.logits(&r, head_rows)).transpose()?;
+        Ok(ForwardOutput { logits, hidden })
+    }
+}
+
+/// A decoder's shared weights: embeddings, blocks, the logits tail and the rotary tables.
+pub struct Decoder<B: Block> {
+    pub cfg: ModelConfig,
+    pub embed: Embedding,
+    /// Gemma multiplies embeddings by `sqrt(hidden_size)`.
+    pub embed_scale: Option<f64>,
+    pub layers: Vec<B>,
+    pub head: LogitsHead,
+    pub ropes: Ropes,
+    pub device: Device,
+}
+
+/// One sequence of a [`Decoder`]: a cache per layer and the positions every layer holds.
+pub struct DecoderSequence {
+    caches: Vec<KvCache>,
+    len: usize,
+    early: EarlyPositions,
+}
+
+/// Positions past `len` that only the first `layers` layers have cached, written by early-exit drafting: their
+/// token ids and the f32 hidden states leaving layer `layers`, `[n, hidden]` row-major. A full forward whose
+/// tokens begin with these ids starts the remaining layers from the stored states instead of recomputing the
+/// first ones: the same computation, equal to the last bit (every kernel gives a row the same numbers in any
+/// block).
+#[derive(Default)]
+struct EarlyPositions {
+    layers: usize,
+    tokens: Vec<u32>,
+    hidden: Vec<f32>,
+}
+
+impl<B: Block> Decoder<B> {
+    pub fn new(cfg: ModelConfig, w: &Weights, layers: Vec<B>, embed_scale: Option<f64>, norm_plus_one: bool) -> Result<Self> {
+        let embed = w.embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?;
+        let head = LogitsHead::load(&cfg, w, &embed, "model.norm.weight", norm_plus_one)?;
+        let ropes = Ropes::new(&cfg)?;
+        let device = w.device().clone();
+        Ok(Self { embed, embed_scale, layers, head, ropes, device, cfg })
+    }
+
+    /// This decoder as a model of one sequence, which forks into more.
+    pub fn into_lm(self) -> Batched<Self> {
+        Batched::new(self)
+    }
+
+    /// `[1, t, hidden]` input embeddings of `tokens`.
+    fn embed_tokens(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, &self.device)?;
+        let x = self.embed.forward(&ids)?.unsqueeze(0)?;
+        Ok(match self.embed_scale {
+            Some(s) => (x * s)?,
+            None => x,
+        })
+    }
+
+    /// The step of a block of `len` rows at cache position `start`.
+    fn step(&self, start: usize, len: usize) -> Result<Step> {
+        Ok(Step {
+            start,
+            len,
+            rope_full: self.ropes.full.cos_sin(start, len, &self.device)?,
+            rope_sliding: self.ropes.sliding.cos_sin(start, len, &self.device)?,
+        })
+    }
+
+    /// Runs `layers` on `x` (`[1, t, hidden]`, one sequence) at cache positions `start..start+t`.
+    fn run_layers(&self, caches: &mut [KvCache], mut x: Tensor, layers: std::ops::Range<usize>, start: usize) -> Result<Tensor> {
+        let steps = [self.step(start, x.dim(1)?)?];
+        for i in layers {
+            x = self.layers[i].forward(&x, &steps, &self.ropes, &mut [&mut caches[i]])?;
+        }
+        Ok(x)
+    }
+
+    /// Every linear layer, norm and the LM head over the rows of all `jobs`, attention per sequence.
+    fn forward_rows(&self, jobs: &mut [Job<DecoderSequence>]) -> Result<Vec<ForwardOutput>> {
+        let ids: Vec<u32> = jobs.iter().flat_map(|j| j.tokens.iter().copied()).collect();
+        let mut x = self.embed_tokens(&ids)?; // [1, rows, hidden]
+        let steps = jobs.iter().map(|j| self.step(j.seq.len, j.tokens.len())).collect::<Result<Vec<_>>>()?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut caches: Vec<&mut KvCache> = jobs.iter_mut().map(|j| &mut j.seq.caches[i]).collect();
+            x = layer.forward(&x, &steps, &self.ropes, &mut caches)?;
+        }
+        let x = x.squeeze(0)?; // [rows, hidden]
+        let mut outputs = Vec::with_capacity(jobs.len());
+        let mut logit_rows = Vec::new();
+        let mut offset = 0;
+        for (job, step) in jobs.iter_mut().zip(&steps) {
+            let xs = x.narrow(0, offset, step.len)?;
+            offset += step.len;
+            job.seq.len = step.start + step.len;
+            let picked = LogitsHead::pick(&xs, &job.opts.logits)?;
+            let hidden = if job.opts.hidden_states { Some(self.head.norm.forward(&xs)?) } else { None };
+            outputs.push((picked.as_ref().map(|p| p.dim(0)).transpose()?, hidden));
+            logit_rows.extend(picked);
+        }
+        // One LM-head product over the logit rows of every sequence, over the first rows of the head when
+        // every sequence asks for no more.
+        let head_rows = jobs.iter().map(|j| j.opts.head_rows).try_fold(0, |n, h| h.map(|h| n.max(h)));
+        let logits = match logit_rows.len() {
+            0 => None,
+            1 => logit_rows.pop(),
+            _ => Some(Tensor::cat(&logit_rows, 0)?),
+        }
+        .map(|r| self.head.logits(&r, head_rows.unwrap_or(usize::MAX)))
+        .transpose()?;
+        let mut offset = 0;
+        outputs
+            .into_iter()
+            .map(|(rows, hidden)| {
+                let logits = match (rows, logits.as_ref()) {
+                    (Some(n), Some(l)) => {
+                        offset += n;
+                        Some(l.narrow(0, offset - n, n)?)
+                    }
+                    _ => None,
+                };
+                Ok(ForwardOutput { logits, hidden })
+            })
+            .collect()
+    }
+
+    /// A forward that is not batched with other sequences: early-exit drafting, or a full forward that reuses
+    /// what drafting computed.
+    fn forward_alone(&self, seq: &mut DecoderSequence, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
+        let (t, n) = (tokens.len(), self.layers.len());
+        if let Some(exit) = opts.exit_layer {
+            if exit != seq.early.layers {
+                let len = seq.len;
+                self.truncate(seq, len);
+                seq.early.layers = exit;
+            }
+        }
+        let x = match opts.exit_layer {
+            Some(exit) => {
+                // Drafting: the first `exit` layers only, after the positions they already hold.
+                let start = seq.len + seq.early.tokens.len();
+                let x = self.run_layers(&mut seq.caches, self.embed_tokens(tokens)?, 0..exit, start)?;
+                seq.early.tokens.extend_from_slice(tokens);
+                seq.early.hidden.extend(flat(&x)?);
+                x
+            }
+            None => {
+                let start = seq.len;
+                // Reuse what drafting computed for the leading tokens, and forget the rest of it.
+                let reused = seq.early.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                self.truncate(seq, start + reused);
+                let x = if reused == 0 {
+                    self.run_layers(&mut seq.caches, self.embed_tokens(tokens)?, 0..n, start)?
+                } else {
+                    let exit = seq.early.layers;
+                    let hidden = seq.early.hidden.split_off(0);
+                    let mut x = Tensor::from_vec(hidden, (1, reused, self.cfg.hidden_size), &self.device)?;
+                    if reused < t {
+                        let rest = self.embed_tokens(&tokens[reused..])?;
+                        let rest = self.run_layers(&mut seq.caches, rest, 0..exit, start + reused)?;
+                        x = Tensor::cat(&[&x, &rest], 1)?;
+                    }
+                    self.run_layers(&mut seq.caches, x, exit..n, start)?
+                };
+                seq.early.tokens.clear();
+                seq.len = start + t;
+                x
+            }
+        };
+        self.head.outputs(&x.squeeze(0)?, opts)
+    }
+}
+
+impl<B: Block> BatchModel for Decoder<B> {
+    type Sequence = DecoderSequence;
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn new_sequence(&self) -> DecoderSequence {
+        DecoderSequence { caches: self.layers.iter().map(Block::new_cache).collect(), len: 0, early: EarlyPositions::default() }
+    }
+
+    fn cache_len(&self, seq: &DecoderSequence) -> usize {
+        seq.len
+    }
+
+    fn truncate(&self, seq: &mut DecoderSequence, len: usize) {
+        seq.len = seq.len.min(len);
+        for c in seq.caches.iter_mut() {
+            c.truncate(len);
+        }
+        let keep = len - seq.len;
+        seq.early.tokens.truncate(keep);
+        seq.early.hidden.truncate(keep * self.cfg.hidden_size);
+    }
+
+    fn check(&self, seq: &DecoderSequence, tokens: &[u32], opts: &ForwardOptions) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::InvalidOption("forward called with no tokens".into()));
+        }
+        let vocab = self.cfg.vocab_size as u32;
+        if let Some(bad) = tokens.iter().find(|&&id| id >= vocab) {
+            return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
+        }
+        let n = self.layers.len();
+        if let Some(exit) = opts.exit_layer {
+            if exit == 0 || exit >= n {
+                return Err(Error::InvalidOption(format!(
+                    "exit layer {exit} is outside 1..={} (the model has {n} layers)",
+                    n - 1
+                )));
+            }
+        }
+        // Early positions of another exit layer are dropped before drafting, so they do not count then.
+        let early = match opts.exit_layer {
+            Some(exit) if exit == seq.early.layers => seq.early.tokens.len(),
+            _ => 0,
+        };
+        let end = seq.len + tokens.len() + early;
+        if end > self.cfg.max_position_embeddings {
+            return Err(Error::PromptTooLong { prompt_tokens: end, context: self.cfg.max_position_embeddings });
+        }
+        Ok(())
+    }
+
+    fn batchable(&self, seq: &DecoderSequence, opts: &ForwardOptions) -> bool {
+        opts.exit_layer.is_none() && seq.early.tokens.is_empty()
+    }
+
+    fn forward(&self, seq: &mut DecoderSequence, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput> {
+        self.forward_alone(seq, tokens, opts)
+    }
+
+    fn forward_batch(&self, jobs: &mut [Job<DecoderSequence>]) -> Result<Vec<ForwardOutput>> {
+        crate::kernels::parallel::on_pool(|| self.forward_rows(jobs))
+    }
+}

@@ -1,0 +1,25 @@
+//! The architecture registry: a new architecture is one file in `models/` and one line in each list here.
+
+use super::{deepseek_v3, gemma3, gemma4, gemma4_assistant, glm4_moe, llama, qwen2, Built, CausalLm};
+use crate::batching::Batched;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::Result;
+use crate::io::weights::Weights;
+
+/// The `model_type`s (config.json) and `general.architecture`s (GGUF) that load.
+pub const SUPPORTED_ARCHITECTURES: &[&str] =
+    &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant", "deepseek_v3", "glm4_moe"];
+
+/// Builds the model for `cfg.architecture`.
+pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Built> {
+    let alone = |model: Box<dyn CausalLm>| Ok(Built { model, mtp: None });
+    match cfg.architecture {
+        Architecture::Llama => alone(Box::new(llama::load(cfg, w)?.into_lm())),
+        Architecture::Qwen2 => alone(Box::new(qwen2::load(cfg, w)?.into_lm())),
+        Architecture::Gemma3 => alone(Box::new(gemma3::load(cfg, w)?.into_lm())),
+        Architecture::Gemma4 => alone(Box::new(Batched::new(gemma4::load(cfg, w)?))),
+        Architecture::Gemma4Assistant => alone(Box::new(gemma4_assistant::load(cfg, w)?)),
+        Architecture::DeepseekV3 => deepseek_v3::load(cfg, w),
+        Architecture::Glm4Moe => glm4_moe::load(cfg, w),
+    }
+}
