@@ -1,12 +1,12 @@
 //! The gated MLP's `silu(gate) · up` in one pass, with the bits of candle's `silu` followed by its product
 //! (`x / (e^−x + 1) · u`, e^−x from glibc's `expf`). Candle calls `expf` per element and multiplies in a second
-//! pass: 14% of SmolLM2's forward over 8 rows. Here, with AVX-512, `expf` is glibc's own algorithm (Arm's
+//! pass, a visible share of a small model's forward. Here, with AVX-512, `expf` is glibc's own algorithm (Arm's
 //! optimized routines: 2^(k/32) from a table times a degree-3 polynomial, in f64) eight lanes at a time, which
 //! gives glibc's results bit for bit (checked against `f32::exp` over a sweep of the whole range), so outputs do
 //! not move: with activations quantized to 8 bits, a one-ulp change can flip a near tie many layers later.
 
 /// Elements from which [`silu_mul`] splits its work over the pool: below, the hand-off costs more than half
-/// the work (SmolLM2's 1,536 per token take about 3 µs on one core).
+/// the work (SmolLM2's 1,536 per token stay on one core).
 const PARALLEL_FROM: usize = 2048;
 
 /// `up[i] = silu(gate[i]) · up[i]`. Each element is computed alone, so splitting the work changes no bits.
@@ -23,9 +23,10 @@ pub fn silu_mul(gate: &[f32], up: &mut [f32]) {
 
 /// [`silu_mul`] on the calling thread.
 pub(super) fn silu_mul_here(gate: &[f32], up: &mut [f32]) {
+    assert_eq!(gate.len(), up.len(), "gate and up sizes");
     #[cfg(target_arch = "x86_64")]
     if avx512::available() {
-        // SAFETY: the features were detected.
+        // SAFETY: AVX-512 F was detected; `gate` and `up` are as long as each other (asserted above).
         return unsafe { avx512::silu_mul(gate, up) };
     }
     for (u, &g) in up.iter_mut().zip(gate) {
@@ -83,6 +84,11 @@ mod avx512 {
         crate::kernels::cpu::features().avx512f
     }
 
+    /// [`super::silu_mul_here`] eight lanes at a time, the tail as candle does it.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F, and `up` holds at least `gate.len()` values (it is read and written through
+    /// raw pointers up to there).
     #[target_feature(enable = "avx512f")]
     pub unsafe fn silu_mul(gate: &[f32], up: &mut [f32]) {
         let table = exp_table();
@@ -100,7 +106,10 @@ mod avx512 {
         }
     }
 
-    /// e^x of eight values, as [`super::expf`] (inputs clamped to its range).
+    /// e^x of eight values, as `super::expf` (inputs clamped to its range).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F. It reads no memory but its arguments.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn expf(x: __m256, t: &[__m512i; 4]) -> __m256 {

@@ -1,5 +1,8 @@
 //! Attention of query rows over a KV cache: portable, AVX2 and AVX-512 units that give each (head, query)
-//! pair the same bits in any block.
+//! pair the same bits in any block. Written by hand so that each pair's sums run in one fixed order whatever
+//! the number of query rows (a batched matrix product may change its order with them; see `nn::linear`), which
+//! keeps a verified token's bits those it gets decoded alone; the AVX-512 unit also reads each block of keys
+//! and values once for a whole group of heads and rows.
 
 use crate::nn::kv_cache::KvCache;
 
@@ -44,6 +47,12 @@ pub fn attend(
     visible: impl Fn(usize) -> (usize, usize) + Sync,
 ) -> Vec<f32> {
     let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
+    // The vector units read each key and value row up to `qk_dim` and `v_dim` unchecked.
+    assert!(
+        d <= cache.head_dim() && dv <= cache.head_dim(),
+        "keys of {d} and values of {dv} in rows of {}",
+        cache.head_dim()
+    );
     let mut out = vec![0f32; t * h * dv];
     let dst = super::parallel::SharedOut::new(&mut out);
     let job = AttendJob { cache, q, shape, t, scale, softcap, simd: AttendSimd::detect() };
@@ -81,9 +90,8 @@ pub fn attend(
 }
 
 /// Consecutive query rows attended together ([`attend`]'s units): rows that see the same first position, as
-/// many as leave at least two units per thread over the key/value heads, and at most [`MAX_RUN`]. Eight rows
-/// of a verified block, each on its own, read all the keys and values eight times from L2 (at 512 cached
-/// positions, SmolLM2's 8-token forward spent 4.4 of its 12 ms in attention against 1.6 of 6 for one token).
+/// many as leave at least two units per thread over the key/value heads, and at most [`MAX_RUN`]: eight rows
+/// of a verified block, each attended on its own, would read all the keys and values eight times from L2.
 fn row_runs(t: usize, n_kv_heads: usize, visible: &impl Fn(usize) -> (usize, usize)) -> Vec<std::ops::Range<usize>> {
     let per_head = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads.max(1));
     let longest = (t / per_head).clamp(1, MAX_RUN);
@@ -152,14 +160,17 @@ impl AttendJob<'_> {
             && rows.clone().all(|r| visible(r).1 > visible(r).0)
         {
             let mut outs = outs;
-            // SAFETY: AVX-512 F was detected.
+            // SAFETY: AVX-512 F was detected; the head sizes are multiples of 16 (checked above) and fit the
+            // cache's rows (checked by `attend`); `rows` is one of `row_runs`' runs, whose rows share their
+            // first visible position, each row seeing at least one (checked above).
             return unsafe { self.unit_avx512(rows, kvh, visible, scores, &mut outs) };
         }
         for (row, o) in rows.zip(outs) {
             let (first, end) = visible(row);
             #[cfg(target_arch = "x86_64")]
             if self.simd != AttendSimd::None {
-                // SAFETY: AVX-512 F implies AVX2 and FMA; or they were detected.
+                // SAFETY: AVX-512 F implies AVX2 and FMA, or they were detected; the head sizes fit the cache's
+                // rows (checked by `attend`).
                 unsafe { self.unit_avx2(row, kvh, first, end, scores, o) };
                 continue;
             }
@@ -170,10 +181,13 @@ impl AttendJob<'_> {
     /// [`Self::unit_avx2`] with 512-bit registers, each key and value row loaded once for two query heads
     /// (scores of eight keys for two heads in 16 registers, reduced together by [`crate::kernels::simd::fold16`]; two
     /// heads' outputs accumulated over each value row), over blocks of [`BLOCK`] rows that stay in L1 while
-    /// every head of the group and every row of the unit reads them. Qwen2.5-1.5B's attention at 768 cached
-    /// positions, one thread: 230–370 µs per layer and query with the AVX2 unit (it re-read the keys from L2
-    /// for each head, and its softmax summed in one serial chain), 80–120 µs with this one; an 8-token
-    /// verification forward there fell from 124 to 110 ms.
+    /// every head of the group and every row of the unit reads them. The AVX2 unit re-reads the keys from L2
+    /// for each head, and its softmax sums in one serial chain.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F; `qk_dim` and `v_dim` are multiples of 16 and at most the cache's head size
+    /// (key and value rows are read through raw pointers up to them); every row of `rows` sees at least one
+    /// position, and all of them the same first one, `visible(rows.start).0`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f")]
     unsafe fn unit_avx512(
@@ -199,10 +213,12 @@ impl AttendJob<'_> {
         scores.clear();
         scores.resize(total, 0.0);
         assert!(outs.iter().all(|o| o.len() == g * dv), "attention output of one unit");
-        // Rows `first..first + n_max` of this head's keys and values, `stride` apart (bounds checked here, once).
+        // Rows `first..first + n_max` of this head's keys and values, `stride` apart (bounds checked here, once:
+        // the loops below read only inside them).
         let stride = self.cache.head_dim();
-        let (_, _) = (self.cache.key(kvh, first + n_max - 1), self.cache.value(kvh, first + n_max - 1));
-        let (k0, v0) = (self.cache.key(kvh, first).as_ptr(), self.cache.value(kvh, first).as_ptr());
+        let (keys, values) =
+            (self.cache.key_rows(kvh, first..first + n_max), self.cache.value_rows(kvh, first..first + n_max));
+        let (k0, v0) = (keys.as_ptr(), values.as_ptr());
         let q_of = |row: usize, head: usize| self.q[(head * self.t + row) * d..][..d].as_ptr();
         // Blocks of keys (then of values) small enough for L1, each read from L2 once for all the query heads
         // and rows, two heads at a time (or the last one alone). Row by row the sums run in the same order as
@@ -234,7 +250,7 @@ impl AttendJob<'_> {
             while c0 < dv {
                 // 128 dimensions in eight registers per head while they last, then 64, 32, 16: each register
                 // is one chain of dependent FMAs (one per value row), so a head of 64 in one register at a
-                // time waited on the FMA latency (SmolLM2's attention took 30–45% longer).
+                // time waits on the FMA latency.
                 let lanes = match dv - c0 {
                     128.. => 8,
                     64.. => 4,
@@ -284,6 +300,10 @@ impl AttendJob<'_> {
     /// Eight keys at a time per head (one horizontal reduction for the eight scores), and each head's output
     /// held in registers while the values stream by: the portable loop's per-key reductions and per-value
     /// stores cost several times its arithmetic at head sizes of 64 to 256.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA, and `qk_dim` is at most the cache's head size (each key row is read
+    /// through a raw pointer up to it).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn unit_avx2(&self, row: usize, kvh: usize, first: usize, end: usize, scores: &mut Vec<f32>, o: &mut [f32]) {
@@ -339,6 +359,9 @@ impl AttendJob<'_> {
     }
 
     /// `oh[c0 .. c0 + 8L] = Σ_j p[j] · value(first + j)[c0 .. c0 + 8L]`, in key order.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA (every access is to a bounds-checked slice).
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
@@ -495,7 +518,7 @@ unsafe fn value_heads<const H: usize, const L: usize>(
 const BLOCK: usize = 64;
 
 /// `f` folded over `x` in 16 interleaved lanes, then over the lanes in order: a fixed order that vectorizes (a
-/// plain fold is a serial chain: over 768 scores the sum alone took a quarter of a long-context attention).
+/// plain fold is a serial chain, which at long contexts makes the softmax's sums a large part of attention).
 #[inline(always)]
 fn lanes(x: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
     let mut acc = [init; 16];
@@ -521,8 +544,7 @@ fn exp(x: f32) -> f32 {
     let n_int = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
     let r = (x - n * 0.693_359_4) - n * -2.121_944_4e-4;
     let z = r * r;
-    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 0.166_666_65)
+    let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 0.166_666_65)
         * r
         + 0.5)
         * z
@@ -595,7 +617,11 @@ mod tests {
                 for row in 0..t {
                     let q1: Vec<f32> = (0..h).flat_map(|head| q[(head * t + row) * d..][..d].to_vec()).collect();
                     let alone = attend(&cache, &q1, shape, 1, 0.125, softcap, causal(ctx + row, window));
-                    assert_eq!(alone, block[row * h * d..(row + 1) * h * d], "row {row} of h{h} kv{kv} d{d} {window:?}");
+                    assert_eq!(
+                        alone,
+                        block[row * h * d..(row + 1) * h * d],
+                        "row {row} of h{h} kv{kv} d{d} {window:?}"
+                    );
                 }
             }
             let job = AttendJob { cache: &cache, q: &q, shape, t, scale: 0.125, softcap, simd: AttendSimd::detect() };

@@ -1,4 +1,6 @@
-//! The CPU features the kernels choose between, detected once per process.
+//! The CPU features the kernels choose between, detected once per process: a kernel call does not pay for the
+//! detection, and every call of a process takes the same path, so the same bits. The kernels' unsafe calls of
+//! `#[target_feature]` functions rest on these flags.
 
 use std::sync::OnceLock;
 

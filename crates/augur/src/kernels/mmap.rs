@@ -1,4 +1,5 @@
-//! Memory maps of safetensors files.
+//! Memory maps of safetensors files. Mapping a file is unsafe (the file could change under the map), so it lives
+//! here with the crate's other unsafe code, behind one safe function.
 
 use std::path::PathBuf;
 

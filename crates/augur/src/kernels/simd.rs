@@ -1,16 +1,21 @@
-//! Register-level steps shared by the AVX-512 kernels.
+//! Register-level steps shared by the AVX-512 kernels (attention's scores, the activation quantization),
+//! written with intrinsics because each is a fixed tree of cross-lane shuffles.
 
 use std::arch::x86_64::*;
 
 /// Where [`fold16`] wants its `u`-th input: it folds in a tree whose natural output order is this transpose of
 /// 4 × 4.
-pub const FOLD16_SLOT: [usize; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+pub(crate) const FOLD16_SLOT: [usize; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
 
 /// Lane `u` of the result is the sum (the maximum, with `MAX`) of the 16 lanes of `a[FOLD16_SLOT[u]]`: four
 /// rounds of shuffles and adds (16 → 8 → 4 → 2 → 1 registers) instead of 16 separate horizontal reductions.
+///
+/// # Safety
+/// The CPU supports AVX-512 F ([`crate::kernels::cpu::Features::avx512f`]). It reads and writes no memory
+/// but its argument and result.
 #[inline]
 #[target_feature(enable = "avx512f")]
-pub unsafe fn fold16<const MAX: bool>(a: &[__m512; 16]) -> __m512 {
+pub(crate) unsafe fn fold16<const MAX: bool>(a: &[__m512; 16]) -> __m512 {
     let op = |x: __m512, y: __m512| if MAX { _mm512_max_ps(x, y) } else { _mm512_add_ps(x, y) };
     // Each 256-bit half of v[m] holds 8 partials of a[2m] and of a[2m + 1].
     let v: [__m512; 8] = std::array::from_fn(|m| {
@@ -38,7 +43,8 @@ mod tests {
         if !crate::kernels::cpu::features().avx512f {
             return;
         }
-        let vals: Vec<[f32; 16]> = (0..16).map(|r| std::array::from_fn(|l| ((r * 16 + l) * 7 % 23) as f32 * 0.5 - 3.0)).collect();
+        let vals: Vec<[f32; 16]> =
+            (0..16).map(|r| std::array::from_fn(|l| ((r * 16 + l) * 7 % 23) as f32 * 0.5 - 3.0)).collect();
         // SAFETY: AVX-512 F was detected.
         let (sums, maxima) = unsafe {
             let mut a = [_mm512_setzero_ps(); 16];

@@ -88,6 +88,21 @@ impl KvCache {
         let o = (head * self.capacity + pos) * self.head_dim;
         &self.v[o..o + self.head_dim]
     }
+
+    /// Keys `positions` of `head`, `[positions.len(), head_dim]`: one slice for a kernel that reads them
+    /// through a pointer.
+    #[inline]
+    pub(crate) fn key_rows(&self, head: usize, positions: std::ops::Range<usize>) -> &[f32] {
+        let o = head * self.capacity;
+        &self.k[(o + positions.start) * self.head_dim..(o + positions.end) * self.head_dim]
+    }
+
+    /// Values `positions` of `head`, as [`Self::key_rows`].
+    #[inline]
+    pub(crate) fn value_rows(&self, head: usize, positions: std::ops::Range<usize>) -> &[f32] {
+        let o = head * self.capacity;
+        &self.v[(o + positions.start) * self.head_dim..(o + positions.end) * self.head_dim]
+    }
 }
 
 #[cfg(test)]

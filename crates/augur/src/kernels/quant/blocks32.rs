@@ -1,7 +1,7 @@
 //! Matrix products for the 32-element GGUF block types: Q4_1 (SmolLM2's Q4_1 file) and Q5_0 (most of
-//! Qwen2.5-Coder-0.5B and Gemma 3 270M), for which candle 0.11 has only scalar dot products on x86 (87% of a
-//! SmolLM2 forward in `vec_dot_unopt`), and, where AVX-512 VNNI is present, Q4_0 and Q8_0 too (candle's Q8_0
-//! runs at half the memory bandwidth).
+//! Qwen2.5-Coder-0.5B and Gemma 3 270M), for which candle 0.11 has only scalar dot products on x86
+//! (`vec_dot_unopt`, most of a forward), and, where AVX-512 VNNI is present, Q4_0 and Q8_0 too (candle's
+//! Q8_0 falls well short of memory speed).
 //!
 //! Activations are quantized per 32-element block to 8 bits (llama.cpp's Q8_1: scale, integer sum). Each
 //! output element is computed by the same arithmetic whatever the number of rows: a token verified in a block
@@ -19,8 +19,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 use super::{
-    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel, GROUP,
-    GROUP_TILE,
+    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel,
+    GROUP, GROUP_TILE,
 };
 use crate::error::{Error, Result};
 use crate::kernels::parallel::{for_each_chunk, SharedOut};
@@ -104,12 +104,6 @@ struct Q8Block {
     isum: i32,
 }
 
-
-
-
-
-
-
 impl QuantKernel for BlockMatrix {
     fn out_features(&self) -> usize {
         self.n
@@ -152,16 +146,22 @@ impl SharedKernel for BlockMatrix {
 
     fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a> {
         #[allow(irrefutable_let_patterns)] // a single variant where there are no K-type kernels
-        let SharedActivations::Blocks(act) = act else { unreachable!("activations of another format") };
+        let SharedActivations::Blocks(act) = act
+        else {
+            unreachable!("activations of another format")
+        };
+        // The tile is the AVX-512 kernel over interleaved groups.
+        assert_eq!(self.layout, Layout::Interleaved, "group tiles of a {:?} {:?} weight", self.layout, self.kind);
         let (kind, nb) = (self.kind, self.k / QK);
         GroupTiles {
             data: &self.data,
             n: self.n,
             group_bytes: nb * GROUP * kind.block_bytes(),
             tile: Box::new(move |w, r0, rows, at, stride| {
-                // SAFETY: as in `matmul_interleaved`: `shared` is only given for the interleaved layout, built
-                // where AVX-512 was detected; `w` holds `nb` group-blocks of `kind`.
                 #[cfg(target_arch = "x86_64")]
+                // SAFETY: the interleaved layout is only built where AVX-512 F, BW, VNNI and F16C were detected
+                // (asserted above); `w` is one group, `nb` group-blocks of `kind` (`GroupTiles::run` slices it);
+                // the tile checks the activation rows; `run`'s caller vouches for `rows`, `at` and `stride`.
                 unsafe {
                     avx512::tile_fn(kind, rows)(w, nb, act, r0, at, stride)
                 }
@@ -171,9 +171,6 @@ impl SharedKernel for BlockMatrix {
         }
     }
 }
-
-
-
 
 impl BlockMatrix {
     /// `Some` for the block types this machine has a kernel for, in the fastest layout it can run.
@@ -269,8 +266,6 @@ impl BlockMatrix {
     }
 }
 
-
-
 /// Activation rows that share one unpacking of each weight block: in the row layout (16 AVX2 registers)
 /// and in the interleaved one (32 AVX-512 registers).
 const TILE: usize = 4;
@@ -313,10 +308,6 @@ fn interleave(kind: BlockKind, n: usize, k: usize, read: &mut RowReader) -> Resu
     })
 }
 
-
-
-
-
 /// Bytes before the scales in an interleaved group-block: the integers and, for Q5_0, the fifth bits.
 fn group_quant_bytes(kind: BlockKind) -> usize {
     match kind {
@@ -340,12 +331,17 @@ impl Q8Rows {
         let blocks = m * (k / QK);
         let (qs, d, s) = (vec![0; m * k], vec![0.0; blocks], vec![0.0; blocks]);
         let mut rows = Q8Rows { qs, d, correction: vec![0; blocks], s };
-        // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time.
+        // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time. (Activations are
+        // only quantized here for the interleaved layout, built where AVX-512 was detected; checked again, as a
+        // weight of the row layout can still be asked.)
         #[cfg(target_arch = "x86_64")]
-        let batched = blocks / 16 * 16;
+        let simd = Simd::detect() == Simd::Avx512;
+        #[cfg(target_arch = "x86_64")]
+        let batched = if simd { blocks / 16 * 16 } else { 0 };
         #[cfg(target_arch = "x86_64")]
         for b in (0..batched).step_by(16) {
-            // SAFETY: `Interleaved` is only built where AVX-512 (F, BW) and F16C were detected; 16 blocks from b.
+            // SAFETY: AVX-512 F, BW and F16C were detected (`batched` is 0 otherwise); the function checks that
+            // the slices hold 16 blocks.
             unsafe {
                 avx512::quantize_16_blocks(
                     &x[b * QK..][..16 * QK],
@@ -360,9 +356,13 @@ impl Q8Rows {
         let batched = 0;
         for b in batched..blocks {
             let (src, dst) = (&x[b * QK..][..QK], &mut rows.qs[b * QK..][..QK]);
-            // SAFETY: as above; both slices hold one block.
             #[cfg(target_arch = "x86_64")]
-            let (d, s, isum) = unsafe { avx512::quantize_block(src, dst) };
+            let (d, s, isum) = if simd {
+                // SAFETY: AVX-512 F, BW and F16C were detected; both slices hold one block.
+                unsafe { avx512::quantize_block(src, dst) }
+            } else {
+                quantize_block_scalar(src, dst)
+            };
             #[cfg(not(target_arch = "x86_64"))]
             let (d, s, isum) = quantize_block_scalar(src, dst);
             (rows.d[b], rows.s[b], rows.correction[b]) = (d, s, isum);
@@ -424,9 +424,11 @@ impl Simd {
 /// [`TILE`]). Every row gets the same arithmetic in the same order whatever the number of rows.
 fn dot_rows(kind: BlockKind, simd: Simd, w: &[u8], acts: &[Q8Block], out: &mut [f32]) {
     let nb = acts.len() / out.len();
+    debug_assert!(matches!(kind, BlockKind::Q4_1 | BlockKind::Q5_0), "{kind:?} in the row layout");
     match simd {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2, FMA and F16C were detected at run time; `w` holds `nb` blocks of `kind`.
+        // SAFETY: `simd` is what `Simd::detect` found (both callers), so AVX2, FMA and F16C are present; the
+        // row layout, the only one that calls this, holds Q4_1 or Q5_0 only (`with_layout`).
         Simd::Avx2 | Simd::Avx512 => unsafe {
             match out.len() {
                 1 => avx2::dot_tile::<1>(kind, w, acts, nb, out),
@@ -506,12 +508,19 @@ mod avx2 {
 
     use super::{BlockKind, Q8Block};
 
+    /// The f16 in `b[0..2]`, little-endian, as f32.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C (`b` is indexed with bounds checks).
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn f16_to_f32(b: &[u8]) -> f32 {
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
     }
 
     /// 32 bytes, 0xFF where bit `i` of `bits` is set (llama.cpp's `bytes_from_bits_32`).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2. It reads no memory.
     #[target_feature(enable = "avx2")]
     unsafe fn bytes_from_bits(bits: u32) -> __m256i {
         let v = _mm256_set1_epi32(bits as i32);
@@ -523,6 +532,11 @@ mod avx2 {
 
     /// `R` activation rows (`acts`: `R × nb` blocks) against one weight row: each weight block is unpacked
     /// once for all of them.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2, FMA and F16C, and `kind` is Q4_1 or Q5_0: each block's 16 bytes of integers are
+    /// loaded unchecked from offset 4 or 6, which a Q4_0 block is too short for (the other accesses are
+    /// bounds-checked).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_tile<const R: usize>(kind: BlockKind, w: &[u8], acts: &[Q8Block], nb: usize, out: &mut [f32]) {
         let bytes = kind.block_bytes();
@@ -567,12 +581,16 @@ mod avx512 {
 
     use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, GROUP_TILE, QK};
 
-    /// A [`group_tile`] instance for one weight type and row count.
+    /// A [`group_tile`] instance for one weight type and row count `R`: `tile(w, nb, act, r0, out, stride)`.
+    ///
+    /// Calling one is safe when the CPU supports AVX-512 F, BW, VNNI and F16C; `w` holds `nb` interleaved
+    /// group-blocks of the instance's type (they are read unchecked); and `out` is valid for writes of
+    /// `out[r · stride .. r · stride + 16]` for each `r < R`, elements no other thread accesses meanwhile. The
+    /// activation rows `r0..r0 + R` are checked against `act`.
     pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
 
     /// How far ahead (in group-blocks) the weights are prefetched: with the hardware prefetcher alone a
-    /// one-token forward waited on memory (SmolLM2's took 11 ms, 9 with this). A prefetch past the end of the
-    /// weights is harmless (it never faults).
+    /// one-token forward waits on memory. A prefetch past the end of the weights is harmless (it never faults).
     const PREFETCH_BLOCKS: usize = 8;
 
     const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
@@ -604,6 +622,10 @@ mod avx512 {
 
     /// [`super::quantize_block_scalar`] for one block with 512-bit registers: the same operations in the same
     /// order per element, so the same bits.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW and F16C, and `x` and `qs` hold at least 32 values each (they are read
+    /// and written through raw pointers; the lengths are checked in debug builds only).
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     pub unsafe fn quantize_block(x: &[f32], qs: &mut [i8]) -> (f32, f32, i32) {
         debug_assert!(x.len() == QK && qs.len() == QK);
@@ -625,8 +647,11 @@ mod avx512 {
     /// [`quantize_block`] on 16 consecutive blocks (`x`: 512 values) at once: the same operations per element,
     /// so the same bits, with each step that is scalar per block (the maximum and the sum over a block, the
     /// scale and its inverse, the rounding through f16) done for the 16 blocks in one register. Writes the
-    /// integers to `qs`, and per block the scale, `d · Σq` and `Σq`. Eight rows of 576 took 2.1 µs one block
-    /// at a time, 1.1 µs so (on SmolLM2, 0.7 ms of an 8-token forward went to quantizing activations).
+    /// integers to `qs`, and per block the scale, `d · Σq` and `Σq`. Batching the per-block steps matters
+    /// because quantizing activations is a visible part of a verification forward.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW and F16C (the lengths are checked).
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
     pub unsafe fn quantize_16_blocks(x: &[f32], qs: &mut [i8], d: &mut [f32], s: &mut [f32], isum: &mut [i32]) {
         use crate::kernels::simd::{fold16, FOLD16_SLOT};
@@ -645,7 +670,8 @@ mod avx512 {
         let round = _mm512_set1_ps(super::ROUND);
         for (b, slot) in FOLD16_SLOT.iter().enumerate() {
             let id = _mm512_set1_ps(ids[b]);
-            let to_int = |v: __m512| _mm512_cvtps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), round), round));
+            let to_int =
+                |v: __m512| _mm512_cvtps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, id), round), round));
             let (ql, qh) = (to_int(half(b, 0)), to_int(half(b, 1)));
             _mm_storeu_si128(qs.as_mut_ptr().add(b * QK) as *mut __m128i, _mm512_cvtepi32_epi8(ql));
             _mm_storeu_si128(qs.as_mut_ptr().add(b * QK + 16) as *mut __m128i, _mm512_cvtepi32_epi8(qh));
@@ -663,6 +689,10 @@ mod avx512 {
     /// writes `out[r · stride .. r · stride + 16]` for each. Per row and block: 8 `vpdpbusd` give the 16 integer
     /// dot products, the held-integer offset is subtracted exactly, and one FMA scales them into the sums; the
     /// same sequence whatever `R`.
+    ///
+    /// # Safety
+    /// As for a [`TileFn`]: AVX-512 F, BW, VNNI and F16C; `w` holds `nb` group-blocks of `KINDS[K]`; `out` is
+    /// valid for writes of 16 floats at each `r · stride`, `r < R`, that no other thread accesses meanwhile.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
     unsafe fn group_tile<const R: usize, const K: usize>(
         w: &[u8],
@@ -756,7 +786,8 @@ pub(super) mod tests {
     use crate::kernels::quant::{matmul_shared, matmul_silu_gated};
 
     fn weights(kind: GgmlDType, n: usize, k: usize) -> QTensor {
-        let vals: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * (1.0 + (i % 7) as f32)).collect();
+        let vals: Vec<f32> =
+            (0..n * k).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * (1.0 + (i % 7) as f32)).collect();
         let t = Tensor::from_vec(vals, (n, k), &Device::Cpu).unwrap();
         QTensor::quantize(&t, kind).unwrap()
     }
@@ -801,7 +832,8 @@ pub(super) mod tests {
         if Simd::detect() != Simd::Avx512 {
             return;
         }
-        let mut blocks: Vec<Vec<f32>> = (0..200).map(|b| input(1, QK).iter().map(|v| v * (b as f32 * 0.37 - 20.0)).collect()).collect();
+        let mut blocks: Vec<Vec<f32>> =
+            (0..200).map(|b| input(1, QK).iter().map(|v| v * (b as f32 * 0.37 - 20.0)).collect()).collect();
         blocks.push((0..QK).map(|i| i as f32 - 15.5).collect());
         blocks.push(vec![0.0; QK]);
         for x in blocks {

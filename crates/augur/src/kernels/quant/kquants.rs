@@ -1,13 +1,14 @@
 //! Matrix products for the 256-element GGUF "K" types Q4_K and Q6_K (most of Qwen2.5-Coder-1.5B's Q4_K_M
-//! file, and the FFN down projections of the 0.5B), on AVX-512 VNNI machines. Candle's kernels for them
-//! cost 3.6× a one-row product for eight rows on this CPU, which is what verification pays.
+//! file, and the FFN down projections of the 0.5B), on AVX-512 VNNI machines. Candle's kernels for them pay
+//! for eight rows several times what they pay for one, which is what verification pays; here the weights are
+//! read once for up to eight rows.
 //!
 //! The arithmetic is llama.cpp's: activations quantized per 256 elements to 8 bits (Q8_K: one f32 scale and
 //! integer sums per 16), integer dot products per sub-block, scaled by the sub-block's integer scale, then by
 //! the super-block scales. Each output element gets the same operations in the same order whatever the number
 //! of rows, so a token verified in a block gets the bits it gets decoded alone.
 //!
-//! At load the weights are regrouped by 16 rows, as for the 32-element types (see `qkernels`): one
+//! At load the weights are regrouped by 16 rows, as for the 32-element types (see `blocks32`): one
 //! `vpdpbusd` multiplies 4 weights of each of 16 rows by the same 4 activations, and the 16 sums land in one
 //! register, with no horizontal sums. The regrouped bytes are as many as the file's.
 
@@ -15,7 +16,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 use super::{
-    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel, GROUP,
+    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel,
+    GROUP,
 };
 use crate::error::{Error, Result};
 
@@ -164,8 +166,12 @@ impl SharedKernel for SuperBlockMatrix {
             data: &self.data,
             n: self.n,
             group_bytes: (self.k / QK_K) * kind.group_bytes(),
-            // SAFETY: built only where `avx512::available()`; `w` holds one group's super-blocks.
-            tile: Box::new(move |w, r0, rows, at, stride| unsafe { avx512::tile_fn(kind, rows)(w, act, r0, at, stride) }),
+            tile: Box::new(move |w, r0, rows, at, stride| {
+                // SAFETY: a `SuperBlockMatrix` is only built where `avx512::available()`; the tile reads whole
+                // super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches for
+                // `rows`, `at` and `stride`.
+                unsafe { avx512::tile_fn(kind, rows)(w, act, r0, at, stride) }
+            }),
         }
     }
 }
@@ -296,7 +302,8 @@ impl Q8KRows {
             sum32_pairs: Vec::with_capacity(nsb * 4),
         };
         for (src, dst) in x.chunks_exact(QK_K).zip(rows.qs.chunks_exact_mut(QK_K)) {
-            // SAFETY: rows are only quantized for the kernels, which run where AVX-512 was detected.
+            // SAFETY: only a `SuperBlockMatrix` quantizes activations, and one is only built where
+            // `avx512::available()`; `src` and `dst` are one super-block each (`chunks_exact`).
             let (d, sums) = unsafe { avx512::quantize_superblock(src, dst) };
             rows.d.push(d);
             for p in sums.chunks_exact(4) {
@@ -338,6 +345,10 @@ mod avx512 {
 
     /// [`super::quantize_superblock_scalar`] with 512-bit registers: the same operations per element (rounding
     /// half away from zero as `f32::round`), so the same bits.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW, and `src` and `dst` hold at least 256 values each (they are read and
+    /// written through raw pointers; the lengths are checked in debug builds only).
     #[target_feature(enable = "avx512f,avx512bw")]
     pub unsafe fn quantize_superblock(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
         debug_assert!(src.len() == QK_K && dst.len() == QK_K);
@@ -361,7 +372,10 @@ mod avx512 {
             let v = _mm512_mul_ps(*v, scale);
             let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
             let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(v, t)), half);
-            let unit = _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), sign), _mm512_castps_si512(one)));
+            let unit = _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_and_si512(_mm512_castps_si512(v), sign),
+                _mm512_castps_si512(one),
+            ));
             let q = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, away, t, unit));
             _mm_storeu_si128(dst.as_mut_ptr().add(16 * j) as *mut __m128i, _mm512_cvtsepi32_epi8(q));
             sums[j] = _mm512_reduce_add_epi32(q);
@@ -369,6 +383,11 @@ mod avx512 {
         (1.0 / iscale, sums)
     }
 
+    /// A `q4k_tile` or `q6k_tile` instance for `R` rows: `tile(w, act, r0, out, stride)`.
+    ///
+    /// Calling one is safe when the CPU supports AVX-512 F, BW, VNNI and F16C, and `out` is valid for writes of
+    /// `out[r · stride .. r · stride + 16]` for each `r < R`, elements no other thread accesses meanwhile. The
+    /// tile reads only the whole super-blocks of `w`, and checks the activation rows `r0..r0 + R` against `act`.
     pub type TileFn = unsafe fn(&[u8], &Q8KRows, usize, *mut f32, usize);
 
     /// The instance compiled for `kind` and `rows` (1 to [`GROUP_TILE`]).
@@ -395,6 +414,10 @@ mod avx512 {
 
     /// Prefetches the `part`-th eighth of the cache lines of `bytes` bytes at `next` (the next super-block, read
     /// while this one is computed: the hardware prefetcher alone leaves the 8-row product waiting on memory).
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F. Any `next` will do: the addresses are formed with wrapping arithmetic and
+    /// only prefetched, which never faults.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn prefetch_eighth(next: *const u8, bytes: usize, part: usize) {
@@ -405,6 +428,10 @@ mod avx512 {
     }
 
     /// The eight 16-row × 4-column vectors of 32 columns (`chunk`), low nibbles only.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW; `chunk < 8` and `blk` is valid for reads of a group super-block's
+    /// integers (`NIBBLES + 2048` bytes).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn nibbles(blk: *const u8, chunk: usize) -> [__m512i; 8] {
@@ -419,6 +446,9 @@ mod avx512 {
     }
 
     /// Σ over 4 vectors of 4 columns: `init + Σ_c wq[c] · a[4c..4c + 4]`, in two chains.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and VNNI, and `a` is valid for reads of 4 i32 (16 bytes, any alignment).
     #[inline]
     #[target_feature(enable = "avx512f,avx512vnni")]
     unsafe fn dot16(init: __m512i, wq: &[__m512i], a: *const i32) -> __m512i {
@@ -429,6 +459,9 @@ mod avx512 {
     }
 
     /// `Σ_c wq[c] · a[4c..4c + 4]` over 32 columns, in two chains.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and VNNI, and `a` is valid for reads of 8 i32 (32 bytes, any alignment).
     #[inline]
     #[target_feature(enable = "avx512f,avx512vnni")]
     unsafe fn dot32(wq: &[__m512i; 8], a: *const i32) -> __m512i {
@@ -443,11 +476,17 @@ mod avx512 {
 
     /// `R` activation rows (from `r0`) against one 16-row group of Q4_K super-blocks: writes
     /// `out[r · stride .. r · stride + 16]` for each.
+    ///
+    /// # Safety
+    /// As for a [`TileFn`]: AVX-512 F, BW, VNNI and F16C, and `out` valid for writes of 16 floats at each
+    /// `r · stride`, `r < R`, that no other thread accesses meanwhile.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
     unsafe fn q4k_tile<const R: usize>(w: &[u8], act: &Q8KRows, r0: usize, out: *mut f32, stride: usize) {
         let bytes = KKind::Q4K.group_bytes();
         let nsb = w.len() / bytes;
         let k = nsb * QK_K;
+        // The activations are read unchecked below.
+        assert!((r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
         let mut acc = [_mm512_setzero_ps(); R];
         for s in 0..nsb {
             let blk = w.as_ptr().add(s * bytes);
@@ -455,7 +494,8 @@ mod avx512 {
             for j in 0..8 {
                 prefetch_eighth(blk.wrapping_add(bytes), bytes, j);
                 let wq = nibbles(blk, j);
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q4K_SCALES + 16 * j) as *const _)));
+                let sc =
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q4K_SCALES + 16 * j) as *const _)));
                 for (r, sum) in sums.iter_mut().enumerate() {
                     let a = act.qs.as_ptr().add((r0 + r) * k + s * QK_K + 32 * j) as *const i32;
                     let dot = dot32(&wq, a);
@@ -464,8 +504,9 @@ mod avx512 {
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D) as *const _));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D + 32) as *const _));
-            let mins: [__m512i; 4] =
-                std::array::from_fn(|p| _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _)));
+            let mins: [__m512i; 4] = std::array::from_fn(|p| {
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _))
+            });
             for (r, acc) in acc.iter_mut().enumerate() {
                 let row_sb = (r0 + r) * nsb + s;
                 let mut msum = _mm512_setzero_si512();
@@ -484,11 +525,16 @@ mod avx512 {
 
     /// As [`q4k_tile`] for Q6_K: 16-column sub-blocks, each integer dot product starting from
     /// `−32 · Σ activations` (the held integers are `q + 32`).
+    ///
+    /// # Safety
+    /// As for [`q4k_tile`].
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
     unsafe fn q6k_tile<const R: usize>(w: &[u8], act: &Q8KRows, r0: usize, out: *mut f32, stride: usize) {
         let bytes = KKind::Q6K.group_bytes();
         let nsb = w.len() / bytes;
         let k = nsb * QK_K;
+        // The activations are read unchecked below.
+        assert!((r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
         let three = _mm512_set1_epi8(0x30);
         let mut acc = [_mm512_setzero_ps(); R];
         for s in 0..nsb {
@@ -556,7 +602,8 @@ mod tests {
         if !avx512::available() {
             return;
         }
-        let mut blocks: Vec<Vec<f32>> = (0..50).map(|b| input(1, QK_K).iter().map(|v| v * (b as f32 - 25.0)).collect()).collect();
+        let mut blocks: Vec<Vec<f32>> =
+            (0..50).map(|b| input(1, QK_K).iter().map(|v| v * (b as f32 - 25.0)).collect()).collect();
         // Exact halves after scaling by −127/max (max = −127): 0.5, 1.5, ... and their negatives.
         blocks.push((0..QK_K).map(|i| if i == 0 { -127.0 } else { (i as f32 - 128.0) + 0.5 }).collect());
         blocks.push(vec![0.0; QK_K]);

@@ -1,5 +1,12 @@
 //! Quantized matrix products on our own kernels: the interface every block family implements, and the
 //! products that share one quantization of their activations between several weights.
+//!
+//! Hand-written because candle 0.11's quantized dot products are scalar on x86 for Q4_1 and Q5_0 and pay
+//! for each extra row almost in full for Q4_K and Q6_K, and because each output row must get the same
+//! arithmetic whatever the number of rows in the product, so that a token verified in a block gets the bits it
+//! gets decoded alone (greedy speculation stays lossless bit for bit). The unsafe code here hands each task
+//! its part of an output that several threads share, and calls a group's tile (`GroupTiles::run`), which
+//! writes there through a raw pointer.
 
 pub mod blocks32;
 #[cfg(target_arch = "x86_64")]
@@ -56,18 +63,35 @@ pub enum SharedActivations {
     SuperBlocks(kquants::Q8KRows),
 }
 
-/// A weight's 16-row groups (`n` rows, `group_bytes` per group in `data`) and the tile that runs one:
-/// `tile(w, r0, rows, at, stride)` computes activation rows `r0..r0 + rows` (at most [`GROUP_TILE`]) against
-/// group `w`, writing `out[r · stride .. r · stride + 16]` from `at` for each.
+/// A weight's 16-row groups (`n` rows, `group_bytes` per group in `data`) and the tile that runs one over
+/// activations quantized by one of the weight's kernels ([`SharedKernel::group_tiles`]). The fields are private
+/// to this module and its block families, whose kernels alone know what the tile needs: it is called only
+/// through the unsafe `GroupTiles::run`.
 pub struct GroupTiles<'a> {
-    pub data: &'a [u8],
-    pub n: usize,
-    pub group_bytes: usize,
-    pub tile: GroupTile<'a>,
+    data: &'a [u8],
+    n: usize,
+    group_bytes: usize,
+    tile: GroupTile<'a>,
 }
 
-/// [`GroupTiles::tile`].
-pub type GroupTile<'a> = Box<dyn Fn(&[u8], usize, usize, *mut f32, usize) + Sync + 'a>;
+/// `tile(w, r0, rows, at, stride)`: [`GroupTiles::run`] on the group `w` (`group_bytes` of `data`). It writes
+/// through `at` unchecked, so it is safe to call only under `run`'s contract.
+type GroupTile<'a> = Box<dyn Fn(&[u8], usize, usize, *mut f32, usize) + Sync + 'a>;
+
+impl GroupTiles<'_> {
+    /// Activation rows `r0..r0 + rows` against group `g` (its 16 weight rows): writes
+    /// `at[r · stride .. r · stride + 16]` for each `r < rows`. A row outside the activations, or a group past
+    /// the weight's, panics.
+    ///
+    /// # Safety
+    /// `1 ≤ rows ≤ GROUP_TILE`; `at` is valid for writes of `(rows − 1) · stride + 16` floats, and no element
+    /// it writes is accessed by another thread meanwhile.
+    pub(crate) unsafe fn run(&self, g: usize, r0: usize, rows: usize, at: *mut f32, stride: usize) {
+        debug_assert!((1..=GROUP_TILE).contains(&rows), "{rows} rows in a tile");
+        let w = &self.data[g * self.group_bytes..(g + 1) * self.group_bytes];
+        (self.tile)(w, r0, rows, at, stride)
+    }
+}
 
 /// The shared sides of `kernels` if all have one, of one activation format `k` wide.
 fn alike<'a>(kernels: &[&'a dyn QuantKernel], k: usize) -> Option<Vec<&'a dyn SharedKernel>> {
@@ -113,14 +137,15 @@ pub fn matmul_silu_gated(
     for_each_chunk(n / GROUP, |range| {
         let mut gated = [0f32; GROUP_TILE * GROUP];
         for g in range {
-            let gate_w = &gate.data[g * gate.group_bytes..][..gate.group_bytes];
-            let up_w = &up.data[g * up.group_bytes..][..up.group_bytes];
             for r0 in (0..m).step_by(GROUP_TILE) {
                 let rows = GROUP_TILE.min(m - r0);
-                (gate.tile)(gate_w, r0, rows, gated.as_mut_ptr(), GROUP);
+                // SAFETY: 1 ≤ rows ≤ GROUP_TILE; `gated` is this task's own, GROUP_TILE rows of 16.
+                unsafe { gate.run(g, r0, rows, gated.as_mut_ptr(), GROUP) };
                 // SAFETY: this task alone writes group g's 16 columns of `out` (`[m, n]`).
                 let at = unsafe { dst.ptr(r0 * n + g * GROUP, (rows - 1) * n + GROUP) };
-                (up.tile)(up_w, r0, rows, at, n);
+                // SAFETY: 1 ≤ rows ≤ GROUP_TILE; `at` spans `(rows − 1) · n + 16` floats of `out` (checked by
+                // `ptr`), of which the tile writes group g's columns, this task's alone.
+                unsafe { up.run(g, r0, rows, at, n) };
                 for r in 0..rows {
                     // SAFETY: row r0 + r's 16 columns of group g, written by this task only.
                     let u = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), GROUP) };
@@ -150,12 +175,13 @@ fn over_groups_of(parts: &[GroupTiles], m: usize) -> Vec<Vec<f32>> {
         for i in range {
             let p = starts.partition_point(|&s| s <= i) - 1;
             let (part, g, padded) = (&parts[p], i - starts[p], groups[p] * GROUP);
-            let w = &part.data[g * part.group_bytes..(g + 1) * part.group_bytes];
             for r0 in (0..m).step_by(GROUP_TILE) {
                 let rows = GROUP_TILE.min(m - r0);
                 // SAFETY: this group's 16 columns of part p's output (`[m, padded]`) are written by this task only.
                 let at = unsafe { dsts[p].ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
-                (part.tile)(w, r0, rows, at, padded);
+                // SAFETY: 1 ≤ rows ≤ GROUP_TILE; `at` spans `(rows − 1) · padded + 16` floats of the output
+                // (checked by `ptr`), of which the tile writes this group's columns, this task's alone.
+                unsafe { part.run(g, r0, rows, at, padded) };
             }
         }
     });
