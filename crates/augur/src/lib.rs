@@ -15,6 +15,7 @@ pub mod model;
 pub mod pipeline;
 pub mod pull;
 pub mod resolve;
+pub mod threads;
 pub mod tokenizer;
 
 pub use candle_core::{Device, Tensor};
