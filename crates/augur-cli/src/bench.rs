@@ -9,14 +9,15 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use augur::generation::config::GenerationOptions;
+use augur::generation::method::MethodName;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
-use augur::pipeline::{Pipeline, Prompt};
+use augur::pipeline::{CallOptions, Pipeline, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::speculation::{self, SpeculationArgs};
+use crate::speculation::SpeculationArgs;
 
 #[derive(Args)]
 #[command(mut_arg("prompt_lookup_num_tokens", |a| a.default_value("10")))]
@@ -226,7 +227,8 @@ struct Summary {
     identical_to_plain: usize,
 }
 
-fn method_options(args: &BenchArgs, method: &str) -> Result<GenerationOptions> {
+/// A method's call: named, so that the flags of the other methods (and the attached assistant) leave it alone.
+fn method_options(args: &BenchArgs, method: &str) -> Result<CallOptions> {
     let spec = &args.speculation;
     let base = GenerationOptions {
         max_new_tokens: Some(args.max_new_tokens),
@@ -234,15 +236,19 @@ fn method_options(args: &BenchArgs, method: &str) -> Result<GenerationOptions> {
         cost_aware_drafting: spec.cost_aware_drafting,
         ..Default::default()
     };
-    match method {
-        "plain" => return Ok(base),
-        "assistant_model" if spec.assistant_model.is_none() => bail!("the assistant_model method needs --assistant-model"),
-        "early_exit" if spec.assistant_early_exit.is_none() => bail!("the early_exit method needs --assistant-early-exit L"),
-        _ => {}
-    }
-    let mut o = speculation::method_options(method, &spec.options()).map_err(|e| anyhow!("--methods: {e}"))?;
+    let name = match method {
+        "plain" => MethodName::Plain,
+        "assistant_model" if spec.assistant_model.is_none() => {
+            bail!("the assistant_model method needs --assistant-model")
+        }
+        "early_exit" if spec.assistant_early_exit.is_none() => {
+            bail!("the early_exit method needs --assistant-early-exit L")
+        }
+        m => m.parse().map_err(|e| anyhow!("--methods: {e}"))?,
+    };
+    let mut o = name.own_options(&spec.options())?;
     o.merge(&base);
-    Ok(o)
+    Ok(CallOptions { method: Some(name), ..CallOptions::new(o) })
 }
 
 /// Flags that only one method reads, given without that method, would be silently ignored.
@@ -288,12 +294,12 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
     let prompts = load_prompts(path, args.limit, &args.categories)?;
     let mut methods = vec!["plain".to_string()];
     methods.extend(args.methods.iter().filter(|m| *m != "plain").cloned());
-    let options: Vec<GenerationOptions> = methods.iter().map(|m| method_options(args, m)).collect::<Result<_>>()?;
-    // Only the assistant_model runs see the assistant: the pipeline would otherwise draft with it.
-    let mut assistant = pipe.assistant.take();
+    let options: Vec<CallOptions> = methods.iter().map(|m| method_options(args, m)).collect::<Result<_>>()?;
     // Warm-up on the first prompt (pages the weights in), not timed.
     let warm = Prompt::Chat(vec![ChatMessage::user(prompts[0].2.clone())]);
-    pipe.generate(&warm, &GenerationOptions { max_new_tokens: Some(8), ..options[0].clone() }, None)?;
+    let mut warm_up = options[0].clone();
+    warm_up.generation.max_new_tokens = Some(8);
+    pipe.call(&warm, &warm_up, None)?;
 
     let mut runs = Vec::new();
     let mut rendered = Vec::new();
@@ -311,15 +317,7 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
         let mut plain_tokens = Vec::new();
         for _ in 0..args.reps {
             for (i, (method, opts)) in methods.iter().zip(&options).enumerate() {
-                let with_assistant = method == "assistant_model";
-                if with_assistant {
-                    pipe.assistant = assistant.take();
-                }
-                let out = pipe.generate_ids(&ids, opts, None);
-                if with_assistant {
-                    assistant = pipe.assistant.take();
-                }
-                let out = out?;
+                let out = pipe.call_ids(&ids, opts, None)?;
                 if method == "plain" && plain_tokens.is_empty() {
                     plain_tokens = out.tokens.clone();
                 }
@@ -345,7 +343,6 @@ fn spec_bench(pipe: &mut Pipeline, args: &BenchArgs, path: &PathBuf) -> Result<V
         }
         runs.extend(reps.into_iter().map(median_run));
     }
-    pipe.assistant = assistant;
 
     let summaries = summarize(&runs);
     print_table(&methods, &summaries);
@@ -453,7 +450,8 @@ mod tests {
     use crate::{Cli, Command};
 
     fn args(extra: &[&str]) -> BenchArgs {
-        let argv = ["augur", "bench", "--prompts=q.jsonl", "--max-new-tokens=7"].into_iter().chain(extra.iter().copied());
+        let argv =
+            ["augur", "bench", "--prompts=q.jsonl", "--max-new-tokens=7"].into_iter().chain(extra.iter().copied());
         match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}")).command {
             Command::Bench(a) => a,
             _ => unreachable!(),
@@ -464,11 +462,14 @@ mod tests {
     fn early_exit_method_needs_its_layer_count_and_the_other_way_round() {
         let a = args(&["--methods=early_exit", "--assistant-early-exit=4", "--num-assistant-tokens=3"]);
         check_method_flags(&a).unwrap();
-        let o = method_options(&a, "early_exit").unwrap();
+        let call = method_options(&a, "early_exit").unwrap();
+        let o = &call.generation;
+        assert_eq!(call.method, Some(MethodName::EarlyExit));
         assert_eq!((o.assistant_early_exit, o.num_assistant_tokens), (Some(4), Some(3)));
         assert_eq!((o.max_new_tokens, o.do_sample, o.prompt_lookup_num_tokens), (Some(7), Some(false), None));
         let plain = method_options(&a, "plain").unwrap();
-        assert_eq!((plain.assistant_early_exit, plain.num_assistant_tokens), (None, None));
+        assert_eq!(plain.method, Some(MethodName::Plain));
+        assert_eq!((plain.generation.assistant_early_exit, plain.generation.num_assistant_tokens), (None, None));
         let missing = method_options(&args(&["--methods=early_exit"]), "early_exit").unwrap_err();
         assert!(missing.to_string().contains("--assistant-early-exit"), "{missing}");
         let unused = check_method_flags(&args(&["--assistant-early-exit=4"])).unwrap_err();

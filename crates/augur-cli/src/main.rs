@@ -158,17 +158,12 @@ impl GenerateArgs {
     }
 }
 
-/// Sizes rayon's global pool, which candle's and augur's CPU kernels run on. `RAYON_NUM_THREADS` is set as well:
-/// candle reads it to decide how many ways to split a matrix product.
+/// `--threads`: sizes the kernels' thread pool (see `augur::threads`).
 pub(crate) fn set_threads(threads: Option<usize>) -> Result<()> {
-    if let Some(n) = threads {
-        if n == 0 {
-            bail!("--threads must be at least 1");
-        }
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-        rayon::ThreadPoolBuilder::new().num_threads(n).build_global().context("cannot size the thread pool")?;
+    if threads == Some(0) {
+        bail!("--threads must be at least 1");
     }
-    Ok(())
+    Ok(augur::threads::set_threads(threads)?)
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {

@@ -97,38 +97,6 @@ impl SpeculationArgs {
     }
 }
 
-/// The speculation methods `bench --methods` and a request's `speculation.method` name.
-pub const METHODS: &str = "prompt_lookup, assistant_model, early_exit, mtp";
-
-/// The options of one speculation method: the fields of `o` that this method reads, so that the flags or request
-/// fields of other methods do not switch it to another drafter (the pipeline picks the drafter by which fields are
-/// set). `assistant_model` drafts with the pipeline's assistant, by the method that its tokenizer allows.
-pub fn method_options(method: &str, o: &GenerationOptions) -> Result<GenerationOptions, String> {
-    let model_drafter = GenerationOptions {
-        num_assistant_tokens: o.num_assistant_tokens,
-        num_assistant_tokens_schedule: o.num_assistant_tokens_schedule.clone(),
-        assistant_confidence_threshold: o.assistant_confidence_threshold,
-        assistant_ensemble_weight: o.assistant_ensemble_weight,
-        ..Default::default()
-    };
-    Ok(match method {
-        "prompt_lookup" => GenerationOptions {
-            prompt_lookup_num_tokens: Some(o.prompt_lookup_num_tokens.unwrap_or(10)),
-            max_matching_ngram_size: o.max_matching_ngram_size,
-            ..Default::default()
-        },
-        "assistant_model" => model_drafter,
-        "early_exit" => GenerationOptions {
-            assistant_early_exit: Some(
-                o.assistant_early_exit.ok_or("method `early_exit` needs `assistant_early_exit` (a layer count)")?,
-            ),
-            ..model_drafter
-        },
-        "mtp" => GenerationOptions { use_mtp: Some(true), ..Default::default() },
-        other => return Err(format!("method `{other}` is unknown (expected {METHODS})")),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
@@ -188,27 +156,5 @@ mod tests {
         assert_eq!(speculation("generate", &[]).prompt_lookup_num_tokens, None);
         assert_eq!(speculation("serve", &[]).prompt_lookup_num_tokens, None);
         assert!(Cli::try_parse_from(["augur", "generate", "--assistant-tokenizer=t.json"]).is_err());
-    }
-
-    #[test]
-    fn a_method_keeps_only_its_own_fields() {
-        let all = speculation("generate", &FLAGS[..11]).options();
-        let pl = method_options("prompt_lookup", &all).unwrap();
-        assert_eq!((pl.prompt_lookup_num_tokens, pl.max_matching_ngram_size), (Some(3), Some(2)));
-        assert_eq!((pl.assistant_early_exit, pl.use_mtp, pl.num_assistant_tokens), (None, None, None));
-        let am = method_options("assistant_model", &all).unwrap();
-        assert_eq!((am.prompt_lookup_num_tokens, am.assistant_early_exit, am.use_mtp), (None, None, None));
-        assert_eq!((am.num_assistant_tokens, am.assistant_ensemble_weight), (Some(5), Some(0.5)));
-        let ee = method_options("early_exit", &all).unwrap();
-        assert_eq!(
-            (ee.assistant_early_exit, ee.num_assistant_tokens, ee.prompt_lookup_num_tokens),
-            (Some(4), Some(5), None)
-        );
-        let mtp = method_options("mtp", &all).unwrap();
-        assert_eq!((mtp.use_mtp, mtp.prompt_lookup_num_tokens), (Some(true), None));
-        let none = GenerationOptions::default();
-        assert_eq!(method_options("prompt_lookup", &none).unwrap().prompt_lookup_num_tokens, Some(10));
-        assert!(method_options("early_exit", &none).unwrap_err().contains("assistant_early_exit"));
-        assert!(method_options("medusa", &none).unwrap_err().contains("`medusa` is unknown"));
     }
 }

@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod models;
 pub mod nn;
 pub mod pipeline;
+pub mod threads;
 pub mod tokenizer;
 
 pub use candle_core::{Device, Tensor};

@@ -12,15 +12,13 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::{
-    AssistantModel, Backoff, BackoffPolicy, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted,
-    UniversalSampling,
-};
+use crate::generation::drafters::factory::{self, AssistantParts, DraftParts};
+use crate::generation::drafters::BackoffPolicy;
+use crate::generation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
-use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
-use crate::models::{self, Architecture, CausalLm, ModelConfig, WeightsInfo};
+use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
 use crate::io::resolve::resolve_model;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -144,8 +142,9 @@ pub struct CallOptions {
     /// Speculation pauses for this sequence under load or when drafts stop being accepted (the output is the
     /// same either way). `None`: it never pauses.
     pub backoff: Option<BackoffPolicy>,
-    /// Decode plainly, whatever speculation the options or a loaded assistant would choose.
-    pub plain: bool,
+    /// The speculation method, named; `None` picks it from the options and the loaded models by Transformers'
+    /// precedence. [`MethodName::Plain`] decodes plainly whatever the options or a loaded assistant would choose.
+    pub method: Option<MethodName>,
 }
 
 impl CallOptions {
@@ -166,7 +165,11 @@ impl Pipeline {
     /// default model (fetched when missing).
     pub fn load(model: Option<&str>) -> Result<Self> {
         let path = resolve_model(model)?;
-        Ok(Self { target: LoadedLm::load(&path, &Device::Cpu)?, assistant: None, defaults: GenerationOptions::default() })
+        Ok(Self {
+            target: LoadedLm::load(&path, &Device::Cpu)?,
+            assistant: None,
+            defaults: GenerationOptions::default(),
+        })
     }
 
     /// Another pipeline over the same weights, with empty caches: one per concurrent sequence.
@@ -275,9 +278,23 @@ impl Pipeline {
         self.run(ids, &CallOptions::new(options.clone()), sink)
     }
 
+    /// [`Pipeline::call`] on prompt token ids (the new text only).
+    pub fn call_ids(
+        &mut self,
+        ids: &[u32],
+        options: &CallOptions,
+        sink: Option<&mut dyn FnMut(&str)>,
+    ) -> Result<GenerationOutput> {
+        self.run(ids, options, sink)
+    }
+
     fn run(&mut self, ids: &[u32], call: &CallOptions, sink: Option<&mut dyn FnMut(&str)>) -> Result<GenerationOutput> {
-        let options = &call.generation;
-        let cfg = self.resolve_config(options);
+        // A named method reads only its own speculation fields (see `MethodName::scope`).
+        let options = match call.method {
+            Some(m) => m.scope(&call.generation)?,
+            None => call.generation.clone(),
+        };
+        let cfg = self.resolve_config(&options);
         cfg.validate()?;
         if ids.is_empty() {
             return Err(Error::InvalidOption("the prompt is empty (no tokens)".into()));
@@ -295,91 +312,27 @@ impl Pipeline {
         let mut emitter =
             Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
                 .with_cancel(call.cancel.clone());
-        let vocab = target.config().vocab_size;
-        // Transformers' precedence (spec 1.3): early exit, prompt lookup, MTP, then the assistant model.
-        let mut drafter: Option<Box<dyn Drafter + '_>> = if call.plain {
-            None
-        } else if let Some(l) = cfg.assistant_early_exit {
-            Some(Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, ids.len())?))
-        } else if let Some(n) = cfg.prompt_lookup_num_tokens {
-            if cfg.assistant_ensemble_weight.is_some() {
-                return Err(Error::InvalidOption(
-                    "Setting `assistant_ensemble_weight` requires candidate logits from the assistant model. It is \
-                     not supported with prompt lookup decoding."
-                        .into(),
-                ));
-            }
-            let lookup = PromptLookup::new(n, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())?;
-            Some(Box::new(lookup.cost_aware(cfg.cost_aware())))
-        } else if cfg.use_mtp {
-            let num_mtp_layers = target.model.config().num_mtp_layers;
-            match target.mtp.as_mut() {
-                Some(head) => Some(Box::new(MtpDrafter::new(head.as_mut(), &cfg, ids.len())?)),
-                None if num_mtp_layers > 0 => {
-                    return Err(Error::InvalidOption(format!(
-                        "`use_mtp`: {} declares {num_mtp_layers} MTP layer(s) (`num_nextn_predict_layers`) but \
-                         holds no MTP weights (`model.layers.{}.*`)",
-                        target.path.display(),
-                        target.model.config().num_hidden_layers
-                    )))
-                }
-                None => {
-                    return Err(Error::InvalidOption(
-                        "Could not find `num_mtp_layers` in the model config. This model probably has no associated \
-                         mtp weights."
-                            .into(),
-                    ))
-                }
-            }
-        } else if let Some(a) = self.assistant.as_mut() {
-            let acfg = cfg.with_options(&assistant_knobs(&a.defaults, options, &self.defaults));
-            if a.model.config().architecture == Architecture::Gemma4Assistant {
-                // Recognised by its architecture, as Transformers picks its candidate generator by class name.
-                let tcfg = target.model.config();
-                if tcfg.architecture != Architecture::Gemma4 {
-                    return Err(Error::InvalidOption(format!(
-                        "the Gemma 4 assistant drafts only for a Gemma 4 target, not {}",
-                        tcfg.architecture.name()
-                    )));
-                }
-                if a.model.config().vocab_size != tcfg.vocab_size {
-                    return Err(Error::InvalidOption(format!(
-                        "the Gemma 4 assistant's vocabulary ({}) differs from the target's ({})",
-                        a.model.config().vocab_size,
-                        tcfg.vocab_size
-                    )));
-                }
-                let window = tcfg.sliding_window;
-                let model = a
-                    .model
-                    .as_any_mut()
-                    .and_then(|m| m.downcast_ref::<Gemma4Assistant>())
-                    .ok_or_else(|| Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))?;
-                Some(Box::new(Gemma4AssistantDrafter::new(model, &acfg, ids.len(), window)?))
-            } else if same_tokenizer(&target.tokenizer, &a.tokenizer) {
-                Some(Box::new(AssistantModel::new(a.model.as_mut(), &acfg, ids.len(), vocab)?))
-            } else if acfg.do_sample {
-                Some(Box::new(UniversalSampling::new(
-                    a.model.as_mut(),
-                    &target.tokenizer,
-                    &a.tokenizer,
-                    &acfg,
-                    ids.len(),
-                    vocab,
-                )?))
-            } else {
-                let eos = match &a.defaults.eos_token_id {
-                    Some(e) if !e.is_empty() => e.clone(),
-                    _ => a.tokenizer.eos_token_ids().to_vec(),
-                };
-                Some(Box::new(UniversalAssisted::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &eos, &acfg)))
-            }
-        } else {
-            None
+        let available = Available {
+            target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
+            mtp: target.mtp.is_some(),
+            assistant: self.assistant.as_ref().map(|a| LoadedModel {
+                path: &a.path,
+                config: a.model.config(),
+                tokenizer: &a.tokenizer,
+            }),
         };
-        if let Some(policy) = &call.backoff {
-            drafter = drafter.map(|d| Box::new(Backoff::new(d, policy.clone())) as Box<dyn Drafter + '_>);
-        }
+        let method = SpeculationMethod::resolve(&cfg, call.method, &available)?;
+        let parts = DraftParts {
+            target_tokenizer: &target.tokenizer,
+            mtp: target.mtp.as_mut().map(|h| h.as_mut() as &mut dyn MtpHead),
+            assistant: self.assistant.as_mut().filter(|_| method.uses_assistant()).map(|a| AssistantParts {
+                config: factory::assistant_config(&cfg, &a.defaults, &options, &self.defaults),
+                model: a.model.as_mut(),
+                tokenizer: &a.tokenizer,
+                defaults: &a.defaults,
+            }),
+        };
+        let mut drafter = factory::build(method, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;
         let result = match drafter.as_deref_mut() {
             Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats),
             None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats),
@@ -439,48 +392,6 @@ impl Drop for TextChunks {
             self.cancel();
         }
     }
-}
-
-/// The assistant knobs for a call. Transformers reads them only from the assistant's generation config and
-/// ignores the call's (a defect we fix): here the call's options win, then the pipeline's defaults, then the
-/// assistant's `generation_config.json`, then the global defaults.
-fn assistant_knobs(
-    assistant: &GenerationOptions,
-    call: &GenerationOptions,
-    pipeline: &GenerationOptions,
-) -> GenerationOptions {
-    let pick = |f: fn(&GenerationOptions) -> bool| {
-        if f(call) {
-            call
-        } else if f(pipeline) {
-            pipeline
-        } else {
-            assistant
-        }
-    };
-    GenerationOptions {
-        num_assistant_tokens: pick(|o| o.num_assistant_tokens.is_some()).num_assistant_tokens,
-        num_assistant_tokens_schedule: pick(|o| o.num_assistant_tokens_schedule.is_some())
-            .num_assistant_tokens_schedule
-            .clone(),
-        assistant_confidence_threshold: pick(|o| o.assistant_confidence_threshold.is_some())
-            .assistant_confidence_threshold,
-        assistant_confidence_adaptive: pick(|o| o.assistant_confidence_adaptive.is_some())
-            .assistant_confidence_adaptive,
-        assistant_lookbehind: pick(|o| o.assistant_lookbehind.is_some()).assistant_lookbehind,
-        target_lookbehind: pick(|o| o.target_lookbehind.is_some()).target_lookbehind,
-        ..GenerationOptions::default()
-    }
-}
-
-/// Whether the assistant can draft target ids directly: the same vocabulary and the same encodings (the
-/// embeddings may still differ by padding rows). Otherwise the universal methods translate.
-fn same_tokenizer(target: &Tokenizer, assistant: &Tokenizer) -> bool {
-    let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
-    target.vocab_size() == assistant.vocab_size()
-        && probe.iter().all(|p| {
-            matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b)
-        })
 }
 
 /// A tokenizer given on its own: a Hugging Face tokenizer directory, or a bare `tokenizer.json` (then without

@@ -8,6 +8,7 @@ use std::sync::{Arc, Barrier};
 
 use augur::generation::config::GenerationOptions;
 use augur::generation::drafters::BackoffPolicy;
+use augur::generation::method::MethodName;
 use augur::generation::stopping::FinishReason;
 use augur::models::{ForwardOptions, LogitRows};
 use augur::pipeline::{CallOptions, Prompt};
@@ -53,7 +54,8 @@ fn concurrent_sequences_equal_sequential_ones() {
     ] {
         let mut options = greedy(40);
         options.merge(&spec);
-        let plain = CallOptions { plain: spec == GenerationOptions::default(), ..CallOptions::new(options.clone()) };
+        let method = (spec == GenerationOptions::default()).then_some(MethodName::Plain);
+        let plain = CallOptions { method, ..CallOptions::new(options.clone()) };
         let mut solo = pipe.fork().unwrap();
         let expected: Vec<Vec<u32>> = PROMPTS
             .iter()

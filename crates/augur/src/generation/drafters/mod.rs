@@ -4,6 +4,7 @@ mod assistant;
 mod autoregressive;
 mod backoff;
 mod early_exit;
+pub mod factory;
 mod gemma4_assistant;
 mod mtp;
 mod prompt_lookup;

@@ -1,6 +1,7 @@
 //! OpenAI's request and response bodies, mapped onto the pipeline's prompt and options.
 
 use augur::generation::config::GenerationOptions;
+use augur::generation::method::MethodName;
 use augur::generation::output::GenerationOutput;
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::Prompt;
@@ -46,8 +47,8 @@ pub enum Speculation {
     Default,
     /// Plain decoding (`"off"`, `false` or `{"method": "off"}`).
     Off,
-    /// A method with its options, as Transformers names them.
-    Method(GenerationOptions),
+    /// A named method with its options, as Transformers names them (only the method's own fields are kept).
+    Method(MethodName, Box<GenerationOptions>),
 }
 
 /// A parsed `/v1/completions` or `/v1/chat/completions` request.
@@ -141,18 +142,20 @@ fn speculation(v: Option<&Value>) -> Result<Speculation, ApiError> {
     };
     let method = obj.get("method").and_then(Value::as_str).unwrap_or_default();
     let options = GenerationOptions::from_json_map(obj).map_err(|e| bad(e.to_string()))?;
-    let options = match method {
+    match method {
         "off" | "none" => return Ok(Speculation::Off),
         "default" => return Ok(Speculation::Default),
-        m => crate::speculation::method_options(m, &options).map_err(|e| bad(format!("speculation {e}")))?,
-    };
-    Ok(Speculation::Method(options))
+        _ => {}
+    }
+    let name: MethodName = method.parse().map_err(|e| bad(format!("speculation {e}")))?;
+    let options = name.own_options(&options).map_err(|e| bad(format!("speculation {e}")))?;
+    Ok(Speculation::Method(name, Box::new(options)))
 }
 
 /// Parses a request body. `chat` selects the chat-completions schema.
 pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(body) = value else {
         return Err(ApiError::bad("the request body must be a JSON object"));
     };
@@ -170,7 +173,10 @@ pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
                 Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
             }
             Some(Value::Array(_)) => {
-                return Err(ApiError::param("prompt", "`prompt` must be one string (batches of prompts are not supported)"))
+                return Err(ApiError::param(
+                    "prompt",
+                    "`prompt` must be one string (batches of prompts are not supported)",
+                ))
             }
             _ => return Err(ApiError::param("prompt", "`prompt` must be a string")),
         }
@@ -299,7 +305,8 @@ pub struct Meta {
 pub fn response(meta: &Meta, chat: bool, text: &str, out: &GenerationOutput) -> Value {
     let finish = finish_reason(&out.finish_reason);
     let choice = if chat {
-        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish})
+        let message = json!({"role": "assistant", "content": text});
+        json!({"index": 0, "message": message, "logprobs": null, "finish_reason": finish})
     } else {
         json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
     };
@@ -366,7 +373,7 @@ mod tests {
         assert_eq!(r.options.stop_strings, Some(vec!["x".to_string()]));
         assert!(r.stream);
         match r.speculation {
-            Speculation::Method(o) => assert_eq!(o.prompt_lookup_num_tokens, Some(3)),
+            Speculation::Method(MethodName::PromptLookup, o) => assert_eq!(o.prompt_lookup_num_tokens, Some(3)),
             other => panic!("{other:?}"),
         }
         let chat = parse(br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}"#, true).unwrap();

@@ -97,7 +97,9 @@ pub fn read_request(reader: &mut BufReader<TcpStream>, max_body: usize) -> Resul
         reader.get_mut().write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
     }
     req.body = vec![0; len];
-    reader.read_exact(&mut req.body).map_err(|_| ReadError::Bad("the request body is shorter than its Content-Length".into()))?;
+    reader
+        .read_exact(&mut req.body)
+        .map_err(|_| ReadError::Bad("the request body is shorter than its Content-Length".into()))?;
     Ok(req)
 }
 
@@ -115,7 +117,13 @@ fn reason(status: u16) -> &'static str {
 }
 
 /// Writes a whole response.
-pub fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: &[u8], keep_alive: bool) -> io::Result<()> {
+pub fn respond(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+) -> io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n",
         reason(status),

@@ -65,7 +65,12 @@ impl Metrics {
             t.requests.iter().map(|(status, n)| (format!("{{status=\"{status}\"}}"), n.to_string())).collect();
         metric("requests_total", "counter", "HTTP requests answered, by status.", &requests);
         metric("generations_total", "counter", "Generations run.", &one(t.generations.to_string()));
-        metric("cancelled_total", "counter", "Generations stopped by a client that left.", &one(t.cancelled.to_string()));
+        metric(
+            "cancelled_total",
+            "counter",
+            "Generations stopped by a client that left.",
+            &one(t.cancelled.to_string()),
+        );
         metric("prompt_tokens_total", "counter", "Prompt tokens processed.", &one(t.prompt_tokens.to_string()));
         metric("generation_tokens_total", "counter", "Tokens generated.", &one(t.generated_tokens.to_string()));
         metric("draft_tokens_total", "counter", "Draft tokens proposed.", &one(t.drafted.to_string()));
@@ -74,7 +79,12 @@ impl Metrics {
         metric("acceptance_rate", "gauge", "Accepted ÷ drafted tokens since start.", &one(rate.to_string()));
         metric("target_forwards_total", "counter", "Target forward passes.", &one(t.target_forwards.to_string()));
         metric("draft_seconds_total", "counter", "Seconds spent drafting.", &one(t.draft_seconds.to_string()));
-        metric("verify_seconds_total", "counter", "Seconds spent in target forwards.", &one(t.verify_seconds.to_string()));
+        metric(
+            "verify_seconds_total",
+            "counter",
+            "Seconds spent in target forwards.",
+            &one(t.verify_seconds.to_string()),
+        );
         metric("generation_seconds_total", "counter", "Seconds spent generating.", &one(t.request_seconds.to_string()));
         metric("active_sequences", "gauge", "Sequences generating now.", &one(active.to_string()));
         metric("queue_depth", "gauge", "Requests waiting for a sequence slot.", &one(queued.to_string()));

@@ -1,9 +1,9 @@
-//! `augur serve`: an OpenAI-compatible HTTP server over the pipeline.
+//! An OpenAI-compatible HTTP server over augur's pipeline (`augur serve` runs it).
 //!
 //! Every admitted request runs as its own sequence (a fork of the loaded pipeline: shared weights, its own KV
-//! cache and drafter state) on its connection's thread; up to `--parallel` sequences run at once, and the
+//! cache and drafter state) on its connection's thread; up to `parallel` sequences run at once, and the
 //! forwards they call at the same time run as one batched forward (linear layers over the rows of all of them,
-//! attention per sequence; see `augur::batching::Batcher`). Up to `--queue` more wait for a slot; beyond
+//! attention per sequence; see `augur::batching::Batched`). Up to `queue` more wait for a slot; beyond
 //! that the server answers 429. Each sequence's speculation pauses under load or when its drafts stop being
 //! accepted, without changing its output.
 
@@ -21,51 +21,54 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use augur::generation::config::GenerationOptions;
 use augur::generation::drafters::BackoffPolicy;
+use augur::generation::method::MethodName;
 use augur::generation::output::GenerationOutput;
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::{CallOptions, Pipeline, Prompt};
 use augur::tokenizer::Tokenizer;
-use clap::Args;
 use serde_json::json;
 
 use api::{ApiError, CompletionRequest, Meta, Speculation};
 use metrics::Metrics;
 
-use crate::speculation::SpeculationArgs;
-
-#[derive(Args)]
-#[command(after_help = "The speculation flags, as for `generate`, set each request's default speculation; a request \
-                       overrides it with its `speculation` field.")]
-pub struct ServeArgs {
-    #[arg(long, help = crate::MODEL_HELP)]
-    model: Option<String>,
+/// How the server listens, admits and speculates (the CLI fills it from `augur serve`'s flags).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
     /// The address to listen on (0.0.0.0 for every interface).
-    #[arg(long, default_value = "127.0.0.1")]
-    host: String,
+    pub host: String,
     /// 0 picks a free port; the address is printed on the first line of standard output.
-    #[arg(long, default_value_t = 8080)]
-    port: u16,
+    pub port: u16,
     /// The model id clients name (default: the model file or directory name).
-    #[arg(long)]
-    served_model_name: Option<String>,
+    pub served_model_name: Option<String>,
+    /// Other names a request may use for the model besides its id and path (the name it was loaded by).
+    pub aliases: Vec<String>,
     /// Sequences generating at once.
-    #[arg(long, default_value_t = 4)]
-    parallel: usize,
+    pub parallel: usize,
     /// Requests waiting for a sequence slot before the server answers 429.
-    #[arg(long, default_value_t = 16)]
-    queue: usize,
+    pub queue: usize,
     /// Largest request body, in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
-    max_body_bytes: usize,
+    pub max_body_bytes: usize,
     /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
     /// which already shares the cost of reading the weights).
-    #[arg(long, default_value_t = 2)]
-    speculation_max_load: usize,
-    /// Worker threads for the tensor kernels (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    #[command(flatten)]
-    pub(crate) speculation: SpeculationArgs,
+    pub speculation_max_load: usize,
+    /// Each request's default speculation options; a request overrides them with its `speculation` field.
+    pub speculation: GenerationOptions,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            served_model_name: None,
+            aliases: Vec::new(),
+            parallel: 4,
+            queue: 16,
+            max_body_bytes: 1 << 20,
+            speculation_max_load: 2,
+            speculation: GenerationOptions::default(),
+        }
+    }
 }
 
 /// Admission: at most `slots` sequences run, at most `queue` wait.
@@ -118,7 +121,7 @@ impl Drop for Permit<'_> {
 
 struct Server {
     model_id: String,
-    /// Other names a request may use for the model (the `--model` argument).
+    /// Other names a request may use for the model (its path, the name it was loaded by).
     aliases: Vec<String>,
     template: Mutex<Pipeline>,
     /// Idle sequences (forks of `template`) kept with their cache buffers.
@@ -126,7 +129,7 @@ struct Server {
     tokenizer: Arc<Tokenizer>,
     context: usize,
     has_assistant: bool,
-    /// The `--` speculation options.
+    /// The default speculation options.
     speculation: GenerationOptions,
     speculation_max_load: usize,
     scheduler: Scheduler,
@@ -144,43 +147,41 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub fn serve(args: ServeArgs) -> Result<()> {
-    if args.parallel == 0 {
-        anyhow::bail!("--parallel must be at least 1");
+/// Serves `pipe` until the process ends. Each request runs on a fork of it.
+pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
+    if config.parallel == 0 {
+        anyhow::bail!("the server needs at least one parallel sequence");
     }
-    super::set_threads(args.threads)?;
-    let pipe = args.speculation.attach_assistant(crate::ui::load_pipeline(args.model.as_deref())?)?;
     // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
     let first = pipe.fork()?;
     let path = pipe.target.path.clone();
-    let model_id = args.served_model_name.clone().unwrap_or_else(|| {
+    let model_id = config.served_model_name.clone().unwrap_or_else(|| {
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
     });
-    let speculation = args.speculation.options();
     let server = Arc::new(Server {
-        aliases: args.model.iter().cloned().chain([path.display().to_string()]).collect(),
+        aliases: config.aliases.iter().cloned().chain([path.display().to_string()]).collect(),
         model_id,
         tokenizer: Arc::clone(&pipe.target.tokenizer),
         context: pipe.target.config().max_position_embeddings,
         has_assistant: pipe.assistant.is_some(),
         idle: Mutex::new(vec![first]),
         template: Mutex::new(pipe),
-        speculation,
-        speculation_max_load: args.speculation_max_load,
+        speculation: config.speculation,
+        speculation_max_load: config.speculation_max_load,
         scheduler: Scheduler {
-            slots: args.parallel,
-            queue: args.queue,
+            slots: config.parallel,
+            queue: config.queue,
             state: Mutex::new((0, 0)),
             freed: Condvar::new(),
             running: Arc::new(AtomicUsize::new(0)),
         },
         metrics: Metrics::default(),
-        max_body: args.max_body_bytes,
+        max_body: config.max_body_bytes,
         next_id: AtomicU64::new(1),
         started: now(),
     });
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let listener = TcpListener::bind((config.host.as_str(), config.port))
+        .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr()?;
     println!("augur serve: listening on http://{addr} (model `{}`)", server.model_id);
     use std::io::Write;
@@ -276,7 +277,11 @@ fn route(server: &Server, req: &http::Request, out: &mut TcpStream, keep: bool) 
         ),
         _ => error(
             out,
-            ApiError::bad(format!("no route {} {}", req.method, req.path)).with(404, "invalid_request_error", "not_found"),
+            ApiError::bad(format!("no route {} {}", req.method, req.path)).with(
+                404,
+                "invalid_request_error",
+                "not_found",
+            ),
         ),
     }
 }
@@ -291,24 +296,27 @@ struct Job {
 fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
     if let Some(m) = &req.model {
         if *m != server.model_id && !server.aliases.contains(m) {
-            return Err(ApiError::param("model", format!("The model `{m}` does not exist (this server has `{}`)", server.model_id))
-                .with(404, "invalid_request_error", "model_not_found"));
+            return Err(ApiError::param(
+                "model",
+                format!("The model `{m}` does not exist (this server has `{}`)", server.model_id),
+            )
+            .with(404, "invalid_request_error", "model_not_found"));
         }
     }
     let mut generation = req.options.clone();
-    let mut plain = false;
+    let mut method = None;
     match &req.speculation {
         Speculation::Default => generation.merge(&server.speculation),
-        Speculation::Off => plain = true,
-        Speculation::Method(o) => {
-            let assistant = o.prompt_lookup_num_tokens.is_none() && o.assistant_early_exit.is_none() && o.use_mtp.is_none();
-            if assistant && !server.has_assistant {
+        Speculation::Off => method = Some(MethodName::Plain),
+        Speculation::Method(name, o) => {
+            if *name == MethodName::AssistantModel && !server.has_assistant {
                 return Err(ApiError::param(
                     "speculation",
                     "speculation method `assistant_model` needs a server started with --assistant-model",
                 ));
             }
             generation.merge(o);
+            method = Some(*name);
         }
     }
     let prompt_tokens = match &req.prompt {
@@ -327,8 +335,9 @@ fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
         return Err(ApiError::param(
             if req.chat { "messages" } else { "prompt" },
             format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens ({prompt_tokens} in \
-                 the prompt, {max_new} in the completion). Please reduce the prompt or the completion length.",
+                "This model's maximum context length is {} tokens. However, you requested {} tokens \
+                 ({prompt_tokens} in the prompt, {max_new} in the completion). Please reduce the prompt or the \
+                 completion length.",
                 server.context,
                 prompt_tokens + max_new
             ),
@@ -344,7 +353,7 @@ fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
         add_special_tokens: Some(true),
         cancel: Some(Arc::new(AtomicBool::new(false))),
         backoff: Some(backoff),
-        plain,
+        method,
     };
     Ok(Job { req, call })
 }
@@ -418,7 +427,9 @@ fn complete(server: &Server, job: Job, out: &mut TcpStream, keep: bool) -> std::
         }
         Err(e) => {
             let status = match e {
-                augur::Error::InvalidOption(_) | augur::Error::PromptTooLong { .. } | augur::Error::ChatTemplate(_) => 400,
+                augur::Error::InvalidOption(_) | augur::Error::PromptTooLong { .. } | augur::Error::ChatTemplate(_) => {
+                    400
+                }
                 _ => 500,
             };
             let err = ApiError::bad(e.to_string());

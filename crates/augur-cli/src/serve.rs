@@ -1,0 +1,62 @@
+//! `augur serve`: its flags, and a call into `augur-server`.
+
+use anyhow::Result;
+use augur_server::ServeConfig;
+use clap::Args;
+
+use crate::speculation::SpeculationArgs;
+
+#[derive(Args)]
+#[command(after_help = "The speculation flags, as for `generate`, set each request's default speculation; a request \
+                       overrides it with its `speculation` field.")]
+pub struct ServeArgs {
+    #[arg(long, help = crate::MODEL_HELP)]
+    model: Option<String>,
+    /// The address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port; the address is printed on the first line of standard output.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The model id clients name (default: the model file or directory name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Sequences generating at once.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Requests waiting for a sequence slot before the server answers 429.
+    #[arg(long, default_value_t = 16)]
+    queue: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body_bytes: usize,
+    /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
+    /// which already shares the cost of reading the weights).
+    #[arg(long, default_value_t = 2)]
+    speculation_max_load: usize,
+    /// Worker threads for the tensor kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[command(flatten)]
+    pub(crate) speculation: SpeculationArgs,
+}
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    if args.parallel == 0 {
+        anyhow::bail!("--parallel must be at least 1");
+    }
+    crate::set_threads(args.threads)?;
+    let pipe = args.speculation.attach_assistant(crate::ui::load_pipeline(args.model.as_deref())?)?;
+    let config = ServeConfig {
+        host: args.host,
+        port: args.port,
+        served_model_name: args.served_model_name,
+        aliases: args.model.into_iter().collect(),
+        parallel: args.parallel,
+        queue: args.queue,
+        max_body_bytes: args.max_body_bytes,
+        speculation_max_load: args.speculation_max_load,
+        speculation: args.speculation.options(),
+    };
+    augur_server::serve(pipe, config)
+}
