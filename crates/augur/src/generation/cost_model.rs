@@ -41,11 +41,9 @@ const MIN_GAIN: f64 = 1.02;
 /// assistant gains 1.33×, most gain 1.1–1.25×; with a third (1.5×) assumed, the assistant was started on long
 /// RAG and summarization prompts and lost 0.8×.
 const BEST_SAVING: f64 = 0.2;
-/// Tokens an answer is expected to run beyond those decoded so far, when weighing a drafter's prefill. Over 52
-/// Spec-Bench answers of Qwen2.5-Coder-1.5B (simulated with the measured prefill and step costs), 32 kept the
-/// extraction prompts' short answers (14–16 tokens after 200–400 prompt tokens) from starting the 0.5B
-/// assistant and delayed no start on a short prompt; waiting for the decoded tokens alone to repay the prefill
-/// (no prior) cost the long-answer categories 5–10%.
+/// Tokens an answer is expected to run beyond those decoded so far, when weighing a drafter's prefill: short
+/// answers after long prompts then do not start an assistant whose prefill they cannot repay, while long answers
+/// do not wait for their decoded tokens alone to repay it (simulated over Spec-Bench; figures in BENCHMARKS.md).
 const ANSWER_PRIOR: usize = 32;
 
 #[derive(Debug, Clone)]

@@ -144,6 +144,12 @@ impl Sampler {
         Sampler { rng }
     }
 
+    /// A drafter's own sampler under the call's `seed`: a stream apart from the verifier's, so that drafting
+    /// and acceptance draws are independent.
+    pub fn for_drafter(seed: Option<u64>) -> Self {
+        Self::new(seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15)))
+    }
+
     /// Draws an index with probability proportional to `probs` (as `torch.multinomial(probs, 1)`; the weights need
     /// not sum to 1). Zero, negative and NaN weights are never drawn. If no weight is positive and finite, there is
     /// nothing to sample from (torch raises); the argmax is returned instead so decoding can go on.

@@ -139,8 +139,8 @@ impl Weights {
     }
 
     /// Forgets the GGUF metadata and keeps the tensor table. Once the configuration and the tokenizer are read,
-    /// the metadata is only memory: SmolLM2's vocabulary and merges take 6.3 MB as candle's values, otherwise held
-    /// through the whole load.
+    /// the metadata (a vocabulary and its merges as candle's values) is only memory, otherwise held through the whole
+    /// load.
     pub fn drop_gguf_metadata(&mut self) {
         if let Source::Gguf { content, .. } = &mut self.source {
             content.metadata = HashMap::new();

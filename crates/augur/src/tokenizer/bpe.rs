@@ -1,10 +1,8 @@
 //! Byte-level BPE held compactly, for vocabularies rebuilt from GGUF metadata.
 //!
 //! The `tokenizers` crate's BPE keeps its vocabulary twice, as `HashMap<String, u32>` and `HashMap<u32, String>`,
-//! each entry with its own allocated spelling. For SmolLM2's 49,152 tokens that came to about 9 MB, the largest
-//! thing in memory after the weights (the model file is 94 MiB). [`CompactBpe`] keeps each spelling once, in one
-//! string, with an open-addressing index of ids: about 2 MB with the merges. Peak memory of a SmolLM2 run fell by
-//! 7.5 MB, of a Qwen2.5 run (151,665 tokens) by 23 MB. It encodes exactly as the crate's BPE does (same merge
+//! each entry with its own allocated spelling: for a small model, the largest thing in memory after the weights.
+//! [`CompactBpe`] keeps each spelling once, in one string, with an open-addressing index of ids. It encodes exactly as the crate's BPE does (same merge
 //! order, unknown-token handling and offsets): `tests::matches_the_crates_bpe` checks it against the crate, and
 //! `tests/tokenizer_gguf.rs` checks whole GGUF tokenizers against the published `tokenizer.json` files.
 

@@ -3,9 +3,8 @@
 //!
 //! With cost-aware drafting (the default), an assistant whose vocabulary is larger than [`SHORT_HEAD_ABOVE`]
 //! drafts from the first [`SHORT_HEAD_ROWS`] token ids only: its LM head reads only those rows. BPE
-//! vocabularies number their tokens in merge order, so the first ids are the frequent ones. A Qwen2.5 head is
-//! 151,936 rows, 30% of the 0.5B assistant's weight bytes, and each draft reads it all; the short head reads
-//! 43% of it. Drafts outside it are never proposed (their q is 0), which costs some acceptance and never
+//! vocabularies number their tokens in merge order, so the first ids are the frequent ones, and a large head is
+//! a large share of a small assistant's weight bytes, read in full by every draft. Drafts outside it are never proposed (their q is 0), which costs some acceptance and never
 //! correctness: the target verifies every draft, greedy and sampled alike. Transformers' rounds
 //! (`cost_aware_drafting = false`) use the whole head.
 

@@ -54,7 +54,7 @@ impl<'m> Gemma4AssistantDrafter<'m> {
             window: model.config().sliding_window,
             model,
             processor: LogitsProcessor::new(cfg, prompt_len)?,
-            sampler: Sampler::new(cfg.seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15))),
+            sampler: Sampler::for_drafter(cfg.seed),
             num_assistant_tokens: cfg.effective_num_assistant_tokens(),
             target_window,
             hidden: None,

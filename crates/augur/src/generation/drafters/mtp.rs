@@ -45,7 +45,7 @@ impl<'m> MtpDrafter<'m> {
             head,
             processor: LogitsProcessor::new(cfg, prompt_len)?,
             // A stream of its own, so that drafting does not shift the verifier's random numbers.
-            sampler: Sampler::new(cfg.seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15))),
+            sampler: Sampler::for_drafter(cfg.seed),
             pending: None,
             history: None,
             first_round: true,

@@ -4,10 +4,9 @@
 //! Transformers copies from the leftmost occurrence of the longest matching n-gram, however short. Under
 //! cost-aware drafting every rejected draft costs a verification, so the choice is made by the evidence instead:
 //! the occurrence whose match reaches furthest back (the most recent among equals), and only when at least
-//! [`MIN_MATCH`] tokens match. Replayed at every position of 52 Spec-Bench greedy answers of
-//! Qwen2.5-Coder-1.5B: a draft after a one-token match kept its first token 17% of the time, below what a draft
-//! costs to verify on this CPU; after a two-token match, the occurrence reaching furthest back kept 2.5 of 10
-//! copied tokens on average, the leftmost 2.3, the most recent 2.1 (`tools/bench/lookup_replay.py`).
+//! [`MIN_MATCH`] tokens match: drafts after one-token matches are kept too rarely to repay their verification,
+//! and among longer matches the occurrence reaching furthest back keeps the most tokens (replayed over
+//! Spec-Bench answers by `tools/bench/lookup_replay.py`; figures in BENCHMARKS.md).
 
 use super::{Draft, Drafter};
 use crate::error::{Error, Result};

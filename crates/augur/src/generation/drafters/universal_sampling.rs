@@ -114,7 +114,7 @@ impl<'m, 't> UniversalSampling<'m, 't> {
             map: VocabMap::new(target_tok, assistant_tok)?,
             processor: LogitsProcessor::new(cfg, prompt_len)?,
             // A stream of its own, so that drafting does not shift the verifier's random numbers.
-            sampler: Sampler::new(cfg.seed.map(|s| s.wrapping_add(0x9E37_79B9_7F4A_7C15))),
+            sampler: Sampler::for_drafter(cfg.seed),
             length: DraftLength::new(
                 cfg.effective_num_assistant_tokens(),
                 cfg.assistant_tokens_schedule(),
