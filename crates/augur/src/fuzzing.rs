@@ -7,8 +7,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::model::config::{Architecture, LayerKind, ModelConfig};
-use crate::model::gemma4::Gemma4Config;
+use crate::config::{Architecture, Gemma4Config, LayerKind, ModelConfig};
 use crate::model::{gguf, weights};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 

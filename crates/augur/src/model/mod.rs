@@ -2,7 +2,6 @@
 //! position and returns logits for every position asked for, hidden states, or an early layer's output; the
 //! cache can be cut back to any length.
 
-pub mod config;
 mod deepseek_v3;
 mod gemma3;
 mod glm4_moe;
@@ -35,7 +34,9 @@ use std::path::Path;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 
-pub use config::{Architecture, LayerKind, ModelConfig};
+/// The model files name their config as `super::config`, from before it had its own module.
+pub use crate::config;
+pub use crate::config::{Architecture, LayerKind, ModelConfig};
 use kv_cache::KvCache;
 pub use weights::Weights;
 

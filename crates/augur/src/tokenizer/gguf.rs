@@ -38,7 +38,7 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use super::{special_ids, AnyModel, CompactBpe, Inner, Tokenizer};
 use crate::error::{Error, Result};
-use crate::model::config::MAX_VOCAB;
+use crate::config::MAX_VOCAB;
 
 /// `tokenizer.ggml.pre` values this module knows how to rebuild for byte-level BPE vocabularies.
 pub const SUPPORTED_PRE_TOKENIZERS: &[&str] = &[
