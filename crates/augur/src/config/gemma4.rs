@@ -237,3 +237,34 @@ impl Gemma4TextJson {
         Ok(cfg)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Architecture, LayerKind, ModelConfig};
+
+    const TEXT: &str = r#"{"vocab_size": 16, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 3,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8, "attention_k_eq_v": true,
+        "per_layer_config": [null, null, {"head_dim": 16, "num_key_value_heads": 2}],
+        "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5}}}"#;
+
+    #[test]
+    fn the_text_model_is_read_from_where_the_outer_model_type_puts_it() {
+        let multimodal = format!(r#"{{"model_type": "gemma4", "text_config": {TEXT}}}"#);
+        let c = ModelConfig::from_hf_json(&multimodal).unwrap();
+        assert_eq!(c.architecture, Architecture::Gemma4);
+        assert_eq!(c.layer_types, [LayerKind::Sliding, LayerKind::Sliding, LayerKind::Full]);
+        assert_eq!((c.sliding_window, c.max_position_embeddings), (Some(512), 131_072));
+        let g = c.gemma4.unwrap();
+        assert_eq!((g.prefix, g.global_head_dim, g.num_global_key_value_heads), ("model.language_model", 16, 2));
+        assert_eq!(g.full_rope.unwrap().partial_rotary_factor, Some(0.5));
+        assert!(g.sliding_rope.is_none() && g.assistant.is_none());
+
+        let assistant = format!(r#"{{"model_type": "gemma4_assistant", "num_centroids": 4, "text_config": {TEXT}}}"#);
+        let g = ModelConfig::from_hf_json(&assistant).unwrap().gemma4.unwrap();
+        let a = g.assistant.unwrap();
+        assert_eq!((g.prefix, a.num_centroids, a.backbone_hidden_size), ("model", 4, 1536));
+
+        let e = ModelConfig::from_hf_json(r#"{"model_type": "gemma4"}"#).unwrap_err().to_string();
+        assert!(e.contains("text_config") && e.contains("missing"), "{e}");
+    }
+}
