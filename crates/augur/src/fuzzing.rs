@@ -7,8 +7,7 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::config::{Architecture, LayerKind, ModelConfig};
-use crate::models::gemma4::Gemma4Config;
+use crate::config::{Architecture, Gemma4Config, LayerKind, ModelConfig};
 use crate::io::{gguf, weights};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 

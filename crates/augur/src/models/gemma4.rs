@@ -8,56 +8,22 @@
 //! The KV that a store layer keeps is also what the Gemma 4 assistant reads ([`KvSharing::shared_kv`]).
 
 use candle_core::{DType, Device, Tensor};
-use serde::Deserialize;
 
 use super::decoder::LogitsHead;
 use super::{ForwardOptions, ForwardOutput, KvSharing, LogitRows};
 use crate::batching::{BatchModel, Job};
-use crate::config::{at_most, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
+use crate::config::{at_most, Gemma4Config, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
 use crate::kernels::attention::{attend, AttendShape};
 use crate::nn::{flat, Embedding, KvCache, Linear, Mlp, RmsNorm, Rope};
 
-/// The Gemma 4 fields of `config.json` that [`ModelConfig`] does not hold, with Transformers' defaults.
-#[derive(Debug, Deserialize)]
-pub struct Gemma4Config {
-    pub global_head_dim: Option<usize>,
-    pub num_global_key_value_heads: Option<usize>,
-    #[serde(default)]
-    pub attention_k_eq_v: bool,
-    #[serde(default)]
-    pub num_kv_shared_layers: usize,
-    #[serde(default = "default_ple_dim")]
-    pub hidden_size_per_layer_input: usize,
-    #[serde(default = "default_ple_vocab")]
-    pub vocab_size_per_layer_input: usize,
-    #[serde(default)]
-    pub use_double_wide_mlp: bool,
-    #[serde(default)]
-    pub enable_moe_block: bool,
-    pub use_bidirectional_attention: Option<String>,
-    pub rope_parameters: Option<serde_json::Value>,
-    /// Set by Transformers' `save_pretrained` from the two fields above; read when they are absent.
-    pub per_layer_config: Option<serde_json::Value>,
-    /// The enclosing `config.json` of a nested (multimodal or assistant) checkpoint.
-    pub outer: Option<serde_json::Value>,
-}
-
-fn default_ple_dim() -> usize {
-    256
-}
-
-fn default_ple_vocab() -> usize {
-    262_144
-}
-
 impl Gemma4Config {
+    /// The Gemma 4 settings of `cfg`, refused where they ask for what is not implemented or too large.
     pub fn from_model_config(cfg: &ModelConfig) -> Result<Self> {
-        let json = cfg.hf_config.as_deref().ok_or_else(|| {
+        let g = cfg.gemma4.clone().ok_or_else(|| {
             Error::config("gemma4", "Gemma 4 is read from a Hugging Face config.json (GGUF is not supported yet)")
         })?;
-        let g: Self = serde_json::from_value(json.clone()).map_err(|e| Error::config("config.json", e.to_string()))?;
         if g.enable_moe_block {
             return Err(Error::config("enable_moe_block", "Gemma 4 mixture-of-experts layers are not supported yet"));
         }
@@ -76,60 +42,37 @@ impl Gemma4Config {
         Ok(g)
     }
 
-    /// A per-layer-type override that `save_pretrained` writes into `per_layer_config` (keyed by layer index).
-    fn per_layer(&self, cfg: &ModelConfig, kind: LayerKind, field: &str) -> Option<usize> {
-        let plc = self.per_layer_config.as_ref()?;
-        let i = cfg.layer_types.iter().position(|&k| k == kind)?;
-        let entry = match plc {
-            serde_json::Value::Object(m) => m.get(&i.to_string()),
-            serde_json::Value::Array(a) => a.get(i),
-            _ => None,
-        }?;
-        entry.get(field)?.as_u64().map(|v| v as usize)
-    }
-
     /// `(head_dim, num_key_value_heads)` of a layer type.
     pub fn head_shape(&self, cfg: &ModelConfig, kind: LayerKind) -> (usize, usize) {
         match kind {
             LayerKind::Sliding => (cfg.head_dim, cfg.num_key_value_heads),
-            LayerKind::Full => {
-                let d = self.global_head_dim.or_else(|| self.per_layer(cfg, kind, "head_dim")).unwrap_or(512);
-                let kv = if self.attention_k_eq_v {
-                    self.num_global_key_value_heads
-                        .or_else(|| self.per_layer(cfg, kind, "num_key_value_heads"))
-                        .unwrap_or(cfg.num_key_value_heads)
-                } else {
-                    cfg.num_key_value_heads
-                };
-                (d, kv)
-            }
+            LayerKind::Full => (self.global_head_dim, self.num_global_key_value_heads),
         }
     }
 
     /// The rotary table of a layer type: `default` or `proportional` (rotates the first `partial_rotary_factor`
     /// of the frequencies, computed over the whole head, and leaves the rest unrotated).
     pub fn rope(&self, cfg: &ModelConfig, kind: LayerKind) -> Result<Rope> {
-        let key = match kind {
-            LayerKind::Full => "full_attention",
-            LayerKind::Sliding => "sliding_attention",
+        let (key, p) = match kind {
+            LayerKind::Full => ("full_attention", self.full_rope.as_ref()),
+            LayerKind::Sliding => ("sliding_attention", self.sliding_rope.as_ref()),
         };
         let field = format!("rope_parameters.{key}");
-        let p = self.rope_parameters.as_ref().and_then(|r| r.get(key));
         let (default_type, default_theta, default_partial) = match kind {
             LayerKind::Full => ("proportional", 1_000_000.0, 0.25),
             LayerKind::Sliding => ("default", 10_000.0, 1.0),
         };
-        let rope_type = p.and_then(|p| p.get("rope_type")).and_then(|v| v.as_str()).unwrap_or(default_type);
-        let theta = p.and_then(|p| p.get("rope_theta")).and_then(|v| v.as_f64()).unwrap_or(default_theta);
+        let rope_type = p.and_then(|p| p.rope_type.as_deref()).unwrap_or(default_type);
+        let theta = p.and_then(|p| p.rope_theta).unwrap_or(default_theta);
         let (head_dim, _) = self.head_shape(cfg, kind);
         let inv = |i: usize| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32;
         let half = head_dim / 2;
         let inv_freq: Vec<f32> = match rope_type {
             "default" => (0..half).map(inv).collect(),
             "proportional" => {
-                let partial = p.and_then(|p| p.get("partial_rotary_factor")).and_then(|v| v.as_f64());
+                let partial = p.and_then(|p| p.partial_rotary_factor);
                 let partial = partial.unwrap_or(if p.is_some() { 1.0 } else { default_partial });
-                let factor = p.and_then(|p| p.get("factor")).and_then(|v| v.as_f64()).unwrap_or(1.0) as f32;
+                let factor = p.and_then(|p| p.factor).unwrap_or(1.0) as f32;
                 let rotated = ((partial * head_dim as f64) as usize / 2).min(half);
                 (0..half).map(|i| if i < rotated { inv(i) / factor } else { 0.0 }).collect()
             }
@@ -154,14 +97,6 @@ impl Gemma4Config {
                 })
             })
             .collect()
-    }
-
-    /// Where the checkpoint keeps the text model's tensors.
-    pub fn prefix(&self) -> &'static str {
-        match self.outer.as_ref().and_then(|o| o.get("model_type")).and_then(|v| v.as_str()) {
-            Some("gemma4") => "model.language_model",
-            _ => "model",
-        }
     }
 }
 
@@ -424,7 +359,7 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4> {
         return Err(Error::config("gemma4", "Gemma 4 from GGUF is not supported yet; use the Hugging Face checkpoint"));
     }
     let g = Gemma4Config::from_model_config(&cfg)?;
-    let pre = g.prefix();
+    let pre = g.prefix;
     let sources = g.kv_sources(&cfg)?;
     let n = cfg.num_hidden_layers;
     let first_shared = n - g.num_kv_shared_layers;

@@ -10,10 +10,9 @@
 //! caches and the visible ranges for each step.
 
 use candle_core::{DType, Device, Tensor};
-use serde::Deserialize;
 
-use crate::config::{LayerKind, ModelConfig};
-use super::gemma4::{Gemma4Config, Layer, Rows};
+use super::gemma4::{Layer, Rows};
+use crate::config::{Gemma4Config, LayerKind, ModelConfig};
 use crate::nn::kv_cache::KvCache;
 use crate::kernels::attention::{attend, AttendShape};
 use crate::nn::{RmsNorm, Rope};
@@ -21,31 +20,6 @@ use crate::io::weights::Weights;
 use crate::nn::Linear;
 use super::{CausalLm, ForwardOptions, ForwardOutput};
 use crate::error::{Error, Result};
-
-/// The assistant's own fields (the outer `config.json`), with Transformers' defaults.
-#[derive(Debug, Deserialize)]
-struct AssistantFields {
-    #[serde(default = "default_backbone")]
-    backbone_hidden_size: usize,
-    #[serde(default)]
-    use_ordered_embeddings: bool,
-    #[serde(default = "default_centroids")]
-    num_centroids: usize,
-    #[serde(default = "default_top_k")]
-    centroid_intermediate_top_k: usize,
-}
-
-fn default_backbone() -> usize {
-    1536
-}
-
-fn default_centroids() -> usize {
-    2048
-}
-
-fn default_top_k() -> usize {
-    32
-}
 
 /// The centroid head (`Gemma4AssistantMaskedEmbedder`).
 struct MaskedEmbedder {
@@ -86,9 +60,9 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4Assistant> {
         return Err(Error::config("gemma4_assistant", "the Gemma 4 assistant is read from Hugging Face safetensors"));
     }
     let g = Gemma4Config::from_model_config(&cfg)?;
-    let outer = g.outer.clone().unwrap_or(serde_json::Value::Null);
-    let a: AssistantFields =
-        serde_json::from_value(outer).map_err(|e| Error::config("config.json", e.to_string()))?;
+    let a = g.assistant.clone().ok_or_else(|| {
+        Error::config("config.json", "the Gemma 4 assistant's own fields come with a nested `text_config`")
+    })?;
     // Transformers' `validate_architecture`, and `__post_init__` making every layer reuse KV.
     if g.hidden_size_per_layer_input != 0 {
         return Err(Error::config("hidden_size_per_layer_input", "must be 0 for the Gemma 4 assistant"));
