@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use augur::io::catalogue::Model;
-use augur::pipeline::{LoadedLm, Pipeline};
 use augur::io::pull::{PlainProgress, Progress};
+use augur::pipeline::{LoadedLm, Pipeline};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A pull's progress as an indicatif bar: bytes, speed and time left, with the current step as its message.

@@ -197,9 +197,11 @@ fn endpoints_greedy_streaming_and_speculation() {
     assert_eq!(spec["method"], "prompt_lookup");
     assert!(spec["drafted_tokens"].as_u64().unwrap() > 0, "{spec}");
     assert!(spec["target_forwards"].as_u64().unwrap() <= 24);
-    let off = post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8, "speculation": "off", "temperature": 0}));
+    let off =
+        post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8, "speculation": "off", "temperature": 0}));
     assert_eq!(off.json()["usage"]["speculation"]["method"], "plain");
-    let no_assistant = post(a, "/v1/completions", &json!({"prompt": "a", "speculation": {"method": "assistant_model"}}));
+    let no_assistant =
+        post(a, "/v1/completions", &json!({"prompt": "a", "speculation": {"method": "assistant_model"}}));
     assert_error(&no_assistant, 400, None);
 
     // Chat: the template is applied as `augur generate --chat` applies it; streamed as deltas.
@@ -225,8 +227,9 @@ fn endpoints_greedy_streaming_and_speculation() {
     // Stop strings cut the text where it first appears.
     let cut = &text[..text.len() / 2].trim_end().to_string();
     let stop_at = cut.split_whitespace().last().unwrap_or(cut).to_string();
-    let stopped = post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop_at]}))
-        .json();
+    let stopped =
+        post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop_at]}))
+            .json();
     assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
     assert!(stopped["choices"][0]["text"].as_str().unwrap().contains(&stop_at));
 
@@ -281,7 +284,9 @@ fn concurrent_sequences_match_sequential_greedy_and_the_queue_is_bounded() {
     };
     let sequential: Vec<String> = prompts
         .iter()
-        .map(|p| post(&a, "/v1/completions", &body(p, false)).json()["choices"][0]["text"].as_str().unwrap().to_string())
+        .map(|p| {
+            post(&a, "/v1/completions", &body(p, false)).json()["choices"][0]["text"].as_str().unwrap().to_string()
+        })
         .collect();
     // Ten requests at once (five prompts, plain and speculative): each sequence has its own cache and drafter.
     let handles: Vec<_> = (0..10)
@@ -352,11 +357,8 @@ fn openai_python_client() {
     }
     let has_openai = Command::new(&python).args(["-c", "import openai"]).status().unwrap().success();
     if !has_openai {
-        let ok = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "openai>=1.40"])
-            .status()
-            .unwrap()
-            .success();
+        let ok =
+            Command::new(&python).args(["-m", "pip", "install", "--quiet", "openai>=1.40"]).status().unwrap().success();
         assert!(ok, "pip install openai failed (the test needs PyPI once; the venv is kept under target/)");
     }
     let tiny = Server::tiny(&[]);

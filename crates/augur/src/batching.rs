@@ -138,9 +138,12 @@ impl<M: BatchModel> Batcher<M> {
         let result = catch_unwind(AssertUnwindSafe(|| self.model.forward_batch(&mut jobs)))
             .unwrap_or_else(|_| Err(Error::Generation("the batched forward panicked".into())));
         match result {
-            Ok(outs) => {
-                ids.into_iter().zip(jobs).zip(outs).map(|((id, j), out)| (id, Finished { seq: j.seq, out: Ok(out) })).collect()
-            }
+            Ok(outs) => ids
+                .into_iter()
+                .zip(jobs)
+                .zip(outs)
+                .map(|((id, j), out)| (id, Finished { seq: j.seq, out: Ok(out) }))
+                .collect(),
             Err(e) => {
                 let message = e.to_string();
                 ids.into_iter()

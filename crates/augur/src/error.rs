@@ -15,21 +15,13 @@ pub enum Error {
 
     /// A model file that is not what it claims to be (bad magic, truncated, corrupt header).
     #[error("{path}: not a valid {format} file: {reason}")]
-    BadFile {
-        path: PathBuf,
-        format: &'static str,
-        reason: String,
-    },
+    BadFile { path: PathBuf, format: &'static str, reason: String },
 
     #[error("{path}: tensor `{name}` is missing")]
     MissingTensor { path: PathBuf, name: String },
 
     #[error("tensor `{name}` has shape {actual:?}, but the config implies {expected:?}")]
-    ShapeMismatch {
-        name: String,
-        expected: Vec<usize>,
-        actual: Vec<usize>,
-    },
+    ShapeMismatch { name: String, expected: Vec<usize>, actual: Vec<usize> },
 
     /// A config field (config.json, generation_config.json or GGUF metadata) that is missing or invalid.
     #[error("config field `{field}`: {reason}")]

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
 use crate::config::{Architecture, Gemma4Config, LayerKind, ModelConfig};
+use crate::error::{Error, Result};
 use crate::io::{gguf, weights};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 

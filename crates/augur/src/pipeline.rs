@@ -17,9 +17,9 @@ use crate::generation::drafters::BackoffPolicy;
 use crate::generation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
+use crate::io::resolve::resolve_model;
 use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
-use crate::io::resolve::resolve_model;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// A prompt: raw text, or chat messages rendered with the model's chat template.
@@ -60,7 +60,8 @@ impl LoadedLm {
         opts: &models::LoadOptions,
         shared: Option<&Arc<Tokenizer>>,
     ) -> Result<Self> {
-        let (loaded, gguf_tokenizer) = models::load_reading_gguf(path, device, opts, |m| Tokenizer::from_gguf(m, path))?;
+        let (loaded, gguf_tokenizer) =
+            models::load_reading_gguf(path, device, opts, |m| Tokenizer::from_gguf(m, path))?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match gguf_tokenizer {
             Some(tokenizer) => (Arc::new(tokenizer), GenerationOptions::default()),

@@ -86,11 +86,7 @@ fn prompt_longer_than_the_context() {
 #[test]
 fn conflicting_options() {
     let mut pipe = pipeline("tiny-llama", None);
-    let o = GenerationOptions {
-        prompt_lookup_num_tokens: Some(3),
-        assistant_ensemble_weight: Some(0.5),
-        ..greedy(4)
-    };
+    let o = GenerationOptions { prompt_lookup_num_tokens: Some(3), assistant_ensemble_weight: Some(0.5), ..greedy(4) };
     let e = pipe.generate_ids(&[1, 2, 3], &o, None).unwrap_err().to_string();
     assert!(e.contains("assistant_ensemble_weight") && e.contains("prompt lookup"), "{e}");
     let o = GenerationOptions { do_sample: Some(true), temperature: Some(0.0), ..greedy(4) };

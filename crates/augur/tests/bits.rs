@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
-use augur::{io::weights::Weights, nn::LinearPath};
 use augur::models::{Architecture, CausalLm, ForwardOptions, LoadOptions, LogitRows};
+use augur::{io::weights::Weights, nn::LinearPath};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 use common::{fixtures, real_model};

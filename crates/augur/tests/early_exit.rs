@@ -146,8 +146,10 @@ fn early_exit_is_lossless() {
             let base = greedy(26 + 3 * i);
             let want = pipe.generate_ids(input, &base, None).unwrap().tokens;
             for exit in 1..layers {
-                let settings = [(1, "constant", 0.0), (3, "constant", 0.0), (4, "heuristic", 0.0), (20, "constant", 0.4)];
-                for ((k, schedule, threshold), cost_aware) in settings.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+                let settings =
+                    [(1, "constant", 0.0), (3, "constant", 0.0), (4, "heuristic", 0.0), (20, "constant", 0.4)];
+                for ((k, schedule, threshold), cost_aware) in settings.into_iter().flat_map(|s| [(s, false), (s, true)])
+                {
                     let opts = GenerationOptions {
                         assistant_early_exit: Some(exit),
                         num_assistant_tokens: Some(k),
@@ -157,7 +159,9 @@ fn early_exit_is_lossless() {
                         ..base.clone()
                     };
                     let out = pipe.generate_ids(input, &opts, None).unwrap();
-                    let what = format!("{target} prompt {i} L={exit} k={k} {schedule} threshold {threshold} cost-aware {cost_aware}");
+                    let what = format!(
+                        "{target} prompt {i} L={exit} k={k} {schedule} threshold {threshold} cost-aware {cost_aware}"
+                    );
                     assert_eq!(out.tokens, want, "{what}");
                     assert_eq!(out.stats.method, "early_exit");
                     assert!(out.stats.drafted > 0, "{what}");

@@ -207,7 +207,11 @@ fn assisted_greedy_is_lossless() {
         for max_new in [1, 2, 7, 30] {
             let want = plain.generate_ids(&input, &greedy(max_new), None).unwrap().tokens;
             for (k, cost_aware) in [1, 2, 4, 8].into_iter().flat_map(|k| [(k, false), (k, true)]) {
-                let o = GenerationOptions { num_assistant_tokens: Some(k), cost_aware_drafting: Some(cost_aware), ..greedy(max_new) };
+                let o = GenerationOptions {
+                    num_assistant_tokens: Some(k),
+                    cost_aware_drafting: Some(cost_aware),
+                    ..greedy(max_new)
+                };
                 let out = pipe.generate_ids(&input, &o, None).unwrap();
                 assert_eq!(out.tokens, want, "k = {k}, max_new = {max_new}, cost-aware {cost_aware}, prompt {input:?}");
                 assert_eq!(out.stats.method, "gemma4_assistant");
@@ -238,5 +242,9 @@ fn assistant_alone_or_with_another_target_is_a_clear_error() {
 /// The greedy ensemble weight is applied (see [`assert_greedy_ensemble_is_applied`]).
 #[test]
 fn greedy_ensemble_weight_is_applied() {
-    assert_greedy_ensemble_is_applied("tiny-gemma4", Some("tiny-gemma4-assistant"), GenerationOptions { num_assistant_tokens: Some(3), cost_aware_drafting: Some(false), ..greedy(24) });
+    assert_greedy_ensemble_is_applied(
+        "tiny-gemma4",
+        Some("tiny-gemma4-assistant"),
+        GenerationOptions { num_assistant_tokens: Some(3), cost_aware_drafting: Some(false), ..greedy(24) },
+    );
 }

@@ -53,7 +53,9 @@ fn assistant_model_is_lossless() {
                             ..base.clone()
                         };
                         let out = pipe.generate_ids(input, &opts, None).unwrap();
-                        let what = format!("{target} prompt {i} k={k} {schedule} threshold {threshold} cost-aware {cost_aware}");
+                        let what = format!(
+                            "{target} prompt {i} k={k} {schedule} threshold {threshold} cost-aware {cost_aware}"
+                        );
                         assert_eq!(out.tokens, want, "{what}");
                         assert_eq!(out.stats.method, "assistant_model");
                         if cost_aware {
@@ -153,7 +155,8 @@ fn stop_strings_inside_lookup_blocks_cut_like_plain_decoding() {
     let mut pipe = pipeline("tiny-llama", None);
     let mut checked = 0;
     for input in prompts(300) {
-        let lookup = GenerationOptions { prompt_lookup_num_tokens: Some(6), cost_aware_drafting: Some(false), ..greedy(30) };
+        let lookup =
+            GenerationOptions { prompt_lookup_num_tokens: Some(6), cost_aware_drafting: Some(false), ..greedy(30) };
         let free = pipe.generate_ids(&input, &lookup, None).unwrap();
         // The first round that kept a draft: its block starts at `start`.
         let mut start = 0;
@@ -182,7 +185,8 @@ fn stop_strings_inside_lookup_blocks_cut_like_plain_decoding() {
         };
         let with_stop = GenerationOptions { stop_strings: Some(vec![stop.clone()]), ..greedy(30) };
         let want = plain("tiny-llama", &input, &with_stop);
-        let got = pipe.generate_ids(&input, &GenerationOptions { stop_strings: Some(vec![stop]), ..lookup }, None).unwrap();
+        let got =
+            pipe.generate_ids(&input, &GenerationOptions { stop_strings: Some(vec![stop]), ..lookup }, None).unwrap();
         assert!(got.stats.drafted > 0);
         assert_eq!(got.tokens, want);
         assert_eq!(got.finish_reason.as_str(), "stop");

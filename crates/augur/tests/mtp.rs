@@ -29,7 +29,11 @@ fn check_logits(name: &str) {
     for p in g["prompts"].as_array().unwrap() {
         let input = ids(&p["input_ids"]);
         assert_logits_match(name, lm.model.as_mut(), p);
-        let mut pipe = augur::pipeline::Pipeline { target: load(&fixtures().join(name), false), assistant: None, defaults: Default::default() };
+        let mut pipe = augur::pipeline::Pipeline {
+            target: load(&fixtures().join(name), false),
+            assistant: None,
+            defaults: Default::default(),
+        };
         let want = ids(&p["greedy"]);
         let got = pipe.generate_ids(&input, &greedy(want.len()), None).unwrap();
         assert_eq!(got.tokens, want, "{name} greedy on {:?}", p["text"]);
@@ -90,7 +94,8 @@ fn check_mtp_rounds(name: &str) {
         let cfg = GenerationConfig::from_options(&opts);
         lm.model.truncate(0);
         let head = lm.mtp.as_mut().expect("MTP layers");
-        let mut drafter = Recording { inner: MtpDrafter::new(head.as_mut(), &cfg, input.len()).unwrap(), rounds: vec![] };
+        let mut drafter =
+            Recording { inner: MtpDrafter::new(head.as_mut(), &cfg, input.len()).unwrap(), rounds: vec![] };
         let mut emitter = Emitter::new(&lm.tokenizer, &input, want.len(), vec![], vec![], None);
         let mut stats = GenerationStats::default();
         speculative::generate(lm.model.as_mut(), &mut drafter, &cfg, &mut emitter, &mut stats).unwrap();
@@ -158,5 +163,9 @@ fn use_mtp_without_mtp_layers_is_an_error() {
 /// The greedy ensemble weight is applied (see [`assert_greedy_ensemble_is_applied`]).
 #[test]
 fn greedy_ensemble_weight_is_applied() {
-    assert_greedy_ensemble_is_applied("tiny-deepseek-v3-mtp2", None, GenerationOptions { use_mtp: Some(true), ..greedy(24) });
+    assert_greedy_ensemble_is_applied(
+        "tiny-deepseek-v3-mtp2",
+        None,
+        GenerationOptions { use_mtp: Some(true), ..greedy(24) },
+    );
 }

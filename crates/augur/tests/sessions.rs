@@ -57,15 +57,14 @@ fn concurrent_sequences_equal_sequential_ones() {
         let method = (spec == GenerationOptions::default()).then_some(MethodName::Plain);
         let plain = CallOptions { method, ..CallOptions::new(options.clone()) };
         let mut solo = pipe.fork().unwrap();
-        let expected: Vec<Vec<u32>> = PROMPTS
-            .iter()
-            .map(|p| solo.call(&Prompt::Text((*p).into()), &plain, None).unwrap().tokens)
-            .collect();
+        let expected: Vec<Vec<u32>> =
+            PROMPTS.iter().map(|p| solo.call(&Prompt::Text((*p).into()), &plain, None).unwrap().tokens).collect();
         let barrier = Arc::new(Barrier::new(PROMPTS.len()));
         let handles: Vec<_> = PROMPTS
             .iter()
             .map(|p| {
-                let (mut fork, call, barrier, prompt) = (pipe.fork().unwrap(), plain.clone(), Arc::clone(&barrier), p.to_string());
+                let (mut fork, call, barrier, prompt) =
+                    (pipe.fork().unwrap(), plain.clone(), Arc::clone(&barrier), p.to_string());
                 std::thread::spawn(move || {
                     barrier.wait();
                     fork.call(&Prompt::Text(prompt), &call, None).unwrap()
@@ -141,7 +140,8 @@ fn call_options_stream_cancel_and_backoff() {
     // add_special_tokens reaches the tokenizer (the tiny tokenizer adds no special tokens to text, so the
     // counts only show that the encoding asked for is the one generated from).
     let without = pipe.encode(&prompt, false).unwrap();
-    let no_bos = CallOptions { add_special_tokens: Some(false), return_full_text: Some(false), ..CallOptions::new(greedy(12)) };
+    let no_bos =
+        CallOptions { add_special_tokens: Some(false), return_full_text: Some(false), ..CallOptions::new(greedy(12)) };
     let out = pipe.call(&prompt, &no_bos, None).unwrap();
     assert_eq!(out.stats.prompt_tokens, without.len());
 

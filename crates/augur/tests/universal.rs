@@ -66,7 +66,8 @@ fn greedy_drafts_match_transformers_round_by_round() {
             let prompt = ids(&run["input_ids"]);
             target.model.truncate(0);
             let eos = assistant.tokenizer.eos_token_ids().to_vec();
-            let inner = UniversalAssisted::new(assistant.model.as_mut(), &target.tokenizer, &assistant.tokenizer, &eos, &cfg);
+            let inner =
+                UniversalAssisted::new(assistant.model.as_mut(), &target.tokenizer, &assistant.tokenizer, &eos, &cfg);
             let mut drafter = Recording { inner, drafts: Vec::new() };
             let mut emitter = Emitter::new(&target.tokenizer, &prompt, max_new, vec![], vec![], None);
             let mut stats = GenerationStats::default();
@@ -279,9 +280,15 @@ fn transformers_misaligned_q_fails_the_test() {
     let misplaced = histogram(DRAWS, |s| {
         let cfg = GenerationConfig::from_options(&sampling(s));
         target.model.truncate(0);
-        let inner =
-            UniversalSampling::new(assistant.model.as_mut(), &target.tokenizer, &assistant.tokenizer, &cfg, prompt.len(), vocab)
-                .unwrap();
+        let inner = UniversalSampling::new(
+            assistant.model.as_mut(),
+            &target.tokenizer,
+            &assistant.tokenizer,
+            &cfg,
+            prompt.len(),
+            vocab,
+        )
+        .unwrap();
         let mut drafter = Misaligned::new(inner, &assistant.tokenizer);
         assert!(drafter.moves.iter().any(|(a, b)| a != b), "the two orders agree: nothing is misaligned");
         let mut emitter = Emitter::new(&target.tokenizer, &prompt, 2, vec![], vec![], None);

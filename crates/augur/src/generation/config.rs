@@ -62,12 +62,20 @@ macro_rules! field_ty {
     (opt, $t:ty) => { Option<$t> };
 }
 macro_rules! field_default {
-    (plain, $d:expr) => { $d };
-    (opt, $d:expr) => { None };
+    (plain, $d:expr) => {
+        $d
+    };
+    (opt, $d:expr) => {
+        None
+    };
 }
 macro_rules! field_set {
-    (plain, $dst:expr, $v:expr) => { $dst = $v };
-    (opt, $dst:expr, $v:expr) => { $dst = Some($v) };
+    (plain, $dst:expr, $v:expr) => {
+        $dst = $v
+    };
+    (opt, $dst:expr, $v:expr) => {
+        $dst = Some($v)
+    };
 }
 
 macro_rules! generation_fields {
@@ -181,9 +189,9 @@ fn parse_de<T: DeserializeOwned>(field: &str, v: &Value) -> Result<Option<T>> {
 fn parse_token_id(field: &str, v: &Value) -> Result<Option<u32>> {
     match v.as_i64() {
         Some(n) if n < 0 => Ok(None),
-        Some(n) => u32::try_from(n)
-            .map(Some)
-            .map_err(|_| Error::config(field, format!("token id {n} is out of range"))),
+        Some(n) => {
+            u32::try_from(n).map(Some).map_err(|_| Error::config(field, format!("token id {n} is out of range")))
+        }
         None => Err(Error::config(field, format!("expected a token id, got {v}"))),
     }
 }
@@ -239,7 +247,9 @@ impl GenerationOptions {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         GenerationOptions::from_json_str(&text).map_err(|e| match e {
-            Error::Config { field, reason } => Error::Config { field, reason: format!("{reason} (in {})", path.display()) },
+            Error::Config { field, reason } => {
+                Error::Config { field, reason: format!("{reason} (in {})", path.display()) }
+            }
             other => other,
         })
     }
@@ -615,7 +625,9 @@ mod tests {
              invalid."
         );
         // Greedy: sampling-only values are not checked, as in Transformers (only a warning there).
-        assert!(GenerationConfig { temperature: 0.0, top_p: -1.0, min_p: Some(2.0), ..base.clone() }.validate().is_ok());
+        assert!(GenerationConfig { temperature: 0.0, top_p: -1.0, min_p: Some(2.0), ..base.clone() }
+            .validate()
+            .is_ok());
 
         let c = GenerationConfig { do_sample: true, top_p: -0.1, ..base.clone() };
         assert_eq!(msg(&c), "`top_p` has to be a float > 0 and < 1, but is -0.1");
@@ -627,7 +639,8 @@ mod tests {
 
         let c = GenerationConfig { prompt_lookup_num_tokens: Some(0), ..base.clone() };
         assert_eq!(msg(&c), "Invalid max_matching_ngram_size or num_output_tokens");
-        let c = GenerationConfig { prompt_lookup_num_tokens: Some(3), max_matching_ngram_size: Some(0), ..base.clone() };
+        let c =
+            GenerationConfig { prompt_lookup_num_tokens: Some(3), max_matching_ngram_size: Some(0), ..base.clone() };
         assert!(c.validate().is_ok(), "`0 or 2` is 2 in Transformers");
         assert_eq!(c.effective_max_matching_ngram_size(), 2);
 

@@ -75,7 +75,11 @@ fn best_threshold(scores: &[f32], labels: &[bool]) -> Option<f32> {
         let thr = scores[order[i]];
         // `total_cmp`, not `==`: a NaN score equals nothing, not even itself, and would never advance `i`.
         while i < order.len() && scores[order[i]].total_cmp(&thr).is_eq() {
-            if labels[order[i]] { tp += 1.0 } else { fp += 1.0 }
+            if labels[order[i]] {
+                tp += 1.0
+            } else {
+                fp += 1.0
+            }
             i += 1;
         }
         let cost = fp / neg + 3.0 * (1.0 - tp / pos);

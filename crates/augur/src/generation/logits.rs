@@ -88,9 +88,10 @@ impl LogitsProcessor {
     pub fn is_noop(&self, context_len: usize) -> bool {
         self.repetition_penalty.is_none()
             && (self.eos_token_ids.is_empty() || context_len >= self.min_length)
-            && self.warpers.as_ref().is_none_or(|w| {
-                w.temperature.is_none() && w.top_k.is_none() && w.top_p.is_none() && w.min_p.is_none()
-            })
+            && self
+                .warpers
+                .as_ref()
+                .is_none_or(|w| w.temperature.is_none() && w.top_k.is_none() && w.top_p.is_none() && w.min_p.is_none())
     }
 
     /// True for greedy decoding that the processors never affect (no repetition penalty, no minimum length beyond
@@ -574,9 +575,13 @@ mod tests {
                 *x = NEG_INF;
             }
         }
-        for (name, logits) in
-            [("flat", &flat), ("peaked", &peaked), ("nearly uniform", &nearly_uniform), ("tied", &tied), ("masked", &masked)]
-        {
+        for (name, logits) in [
+            ("flat", &flat),
+            ("peaked", &peaked),
+            ("nearly uniform", &nearly_uniform),
+            ("tied", &tied),
+            ("masked", &masked),
+        ] {
             for top_p in [0.0f32, 0.1, 0.5, 0.9, 0.95, 0.99, 0.999] {
                 for keep_min in [1, 3] {
                     let mut fast = logits.clone();

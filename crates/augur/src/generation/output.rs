@@ -44,8 +44,7 @@ impl GenerationStats {
     pub fn finish(&mut self) {
         let rate = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         self.tokens_per_s = rate(self.new_tokens as f64, self.seconds);
-        self.decode_tokens_per_s =
-            rate(self.new_tokens.saturating_sub(1) as f64, self.seconds - self.prefill_seconds);
+        self.decode_tokens_per_s = rate(self.new_tokens.saturating_sub(1) as f64, self.seconds - self.prefill_seconds);
         self.acceptance_rate = rate(self.accepted as f64, self.drafted as f64);
         self.mean_accepted_per_forward = rate(self.new_tokens as f64, self.target_forwards as f64);
     }

@@ -108,8 +108,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let n = shifted - ROUND;
     let k = shifted.to_bits() as i32 - ROUND.to_bits() as i32; // n as an integer, in [-126, 128]
     let r = xc - n * C1 - n * C2;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
         + 0.5;
     let y = p * (r * r) + r + 1.0;

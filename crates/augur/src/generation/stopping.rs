@@ -9,7 +9,6 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-
 /// Why generation ended. Serialises as `"eos"`, `"length"`, `"stop"` or `"cancelled"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishReason {
@@ -149,12 +148,9 @@ mod tests {
 
     #[test]
     fn finish_reason_serialises_lowercase() {
-        let json = serde_json::to_string(&[
-            FinishReason::Eos,
-            FinishReason::Length,
-            FinishReason::StopString("###".into()),
-        ])
-        .unwrap();
+        let json =
+            serde_json::to_string(&[FinishReason::Eos, FinishReason::Length, FinishReason::StopString("###".into())])
+                .unwrap();
         assert_eq!(json, r#"["eos","length","stop"]"#);
         assert_eq!(FinishReason::StopString("x".into()).to_string(), "stop");
     }

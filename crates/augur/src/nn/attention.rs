@@ -2,7 +2,6 @@
 
 use candle_core::Tensor;
 
-use crate::nn::kv_cache::KvCache;
 use super::norm::RmsNorm;
 use super::rope::Ropes;
 use super::{flat, Linear};
@@ -10,6 +9,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
 use crate::kernels::attention::{attend, causal, AttendShape};
+use crate::nn::kv_cache::KvCache;
 
 /// One sequence's part of a forward, shared by every layer: where its block starts, how many rows it has and
 /// the rotary tables.
@@ -42,7 +42,14 @@ pub struct Attention {
 
 impl Attention {
     /// Loads `{prefix}.{q,k,v,o}_proj` (and `{q,k}_norm` when `qk_norm`).
-    pub fn load(w: &Weights, prefix: &str, cfg: &ModelConfig, kind: LayerKind, qk_norm: bool, norm_plus_one: bool) -> Result<Self> {
+    pub fn load(
+        w: &Weights,
+        prefix: &str,
+        cfg: &ModelConfig,
+        kind: LayerKind,
+        qk_norm: bool,
+        norm_plus_one: bool,
+    ) -> Result<Self> {
         let (h, kv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let bias = cfg.attention_bias;
         let norm = |n: &str| RmsNorm::load(w, &format!("{prefix}.{n}.weight"), d, cfg.rms_norm_eps, norm_plus_one);
@@ -75,9 +82,8 @@ impl Attention {
     /// `steps[i]`), to which its keys and values are appended.
     pub fn forward(&self, x: &Tensor, steps: &[Step], ropes: &Ropes, caches: &mut [&mut KvCache]) -> Result<Tensor> {
         let (h, kv, d) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let [q_all, k_all, v_all]: [Tensor; 3] = Linear::forward_shared(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?
-            .try_into()
-            .expect("three products");
+        let [q_all, k_all, v_all]: [Tensor; 3] =
+            Linear::forward_shared(&[&self.q_proj, &self.k_proj, &self.v_proj], x)?.try_into().expect("three products");
         let mut outs = Vec::with_capacity(steps.len());
         let mut offset = 0;
         for (step, cache) in steps.iter().zip(caches.iter_mut()) {
@@ -93,18 +99,23 @@ impl Attention {
     }
 
     /// One sequence's attention: `q` `[1, t, h, d]`, `k`/`v` `[1, t, kv, d]` (projected, not roped) → `[1, t, h·d]`.
-    fn attend_sequence(&self, q: Tensor, k: Tensor, v: Tensor, step: &Step, ropes: &Ropes, cache: &mut KvCache) -> Result<Tensor> {
+    fn attend_sequence(
+        &self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        step: &Step,
+        ropes: &Ropes,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
         let (h, d, t) = (self.n_heads, self.head_dim, step.len);
         let device = q.device().clone();
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (qn.forward(&q)?, kn.forward(&k)?),
             _ => (q, k),
         };
-        let (rope, (cos, sin)) = if self.window.is_some() {
-            (&ropes.sliding, &step.rope_sliding)
-        } else {
-            (&ropes.full, &step.rope_full)
-        };
+        let (rope, (cos, sin)) =
+            if self.window.is_some() { (&ropes.sliding, &step.rope_sliding) } else { (&ropes.full, &step.rope_full) };
         let (cos, sin) = (flat(cos)?, flat(sin)?);
         let (mut q, mut k) = (flat(&q)?, flat(&k)?); // [t, h, d], [t, kv, d]
         rope.rotate(&mut q, h, d, &cos, &sin);

@@ -67,7 +67,12 @@ impl StoredTable {
             }
             read_at(&self.file, self.start + id as u64 * self.row_bytes as u64, &mut bytes)
                 .map_err(|e| Error::io(&self.path, e))?;
-            let row = candle_core::quantized::ggml_file::qtensor_from_ggml(self.dtype, &bytes, vec![self.hidden], &Device::Cpu)?;
+            let row = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                self.dtype,
+                &bytes,
+                vec![self.hidden],
+                &Device::Cpu,
+            )?;
             out.extend(row.dequantize(&Device::Cpu)?.to_vec1::<f32>()?);
         }
         Ok(Tensor::from_vec(out, (ids.len(), self.hidden), device)?)

@@ -61,18 +61,22 @@ fn own_kernel_of(q: &QTensor) -> Result<Option<Arc<dyn QuantKernel>>> {
 
 impl Linear {
     /// From a tensor's stored rows, where one of our kernels takes its type on this machine.
-    pub(crate) fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader, bias: Option<Tensor>) -> Result<Option<Self>> {
+    pub(crate) fn from_stored(
+        dtype: GgmlDType,
+        n: usize,
+        k: usize,
+        read: &mut RowReader,
+        bias: Option<Tensor>,
+    ) -> Result<Option<Self>> {
         Ok(own_kernel(dtype, n, k, read)?.map(|b| Self { weight: LinearWeight::Own(b), bias }))
     }
 
     pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {
         let weight = match &weight {
-            QMatMul::QTensor(q) if q.device().is_cpu() => {
-                match own_kernel_of(q)? {
-                    Some(b) => LinearWeight::Own(b),
-                    None => LinearWeight::Candle(weight),
-                }
-            }
+            QMatMul::QTensor(q) if q.device().is_cpu() => match own_kernel_of(q)? {
+                Some(b) => LinearWeight::Own(b),
+                None => LinearWeight::Candle(weight),
+            },
             _ => LinearWeight::Candle(weight),
         };
         Ok(Self { weight, bias })
@@ -192,7 +196,8 @@ impl Linear {
         let Some(kernels) = Self::own_kernels(&[gate, up]) else { return Ok(None) };
         let in_dim = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / in_dim;
-        let Some(y) = matmul_silu_gated(kernels[0], kernels[1], &x.flatten_all()?.to_vec1::<f32>()?, rows, in_dim) else {
+        let Some(y) = matmul_silu_gated(kernels[0], kernels[1], &x.flatten_all()?.to_vec1::<f32>()?, rows, in_dim)
+        else {
             return Ok(None);
         };
         Ok(Some(shaped_like(x, y, rows)?))

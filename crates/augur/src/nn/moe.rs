@@ -5,11 +5,11 @@
 
 use candle_core::{Device, Tensor};
 
-use crate::config::{MoeConfig, ModelConfig};
-use crate::nn::Mlp;
+use crate::config::{ModelConfig, MoeConfig};
+use crate::error::{Error, Result};
 use crate::io::weights::Weights;
 use crate::nn::Linear;
-use crate::error::{Error, Result};
+use crate::nn::Mlp;
 
 pub struct SparseMoe {
     /// `[n_routed_experts, hidden]`, f32.

@@ -81,7 +81,6 @@ fn sums_of_squares<const R: usize>(rows: &[f32], n: usize) -> [f32; R] {
     acc
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,8 +16,7 @@ pub struct Rope {
 impl Rope {
     pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, layout: RopeLayout) -> Result<Self> {
         let half = head_dim / 2;
-        let mut inv_freq: Vec<f64> =
-            (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
+        let mut inv_freq: Vec<f64> = (0..half).map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)).collect();
         let mut attention_scaling = 1.0;
         match scaling {
             RopeScaling::None => {}
@@ -180,7 +179,11 @@ mod tests {
             let (cos, sin) = rope.cos_sin(7, t, &Device::Cpu).unwrap();
             let x = filled(t * heads * d, 3);
             let want = rope
-                .apply(&Tensor::from_slice(&x, (1, t, heads, d), &Device::Cpu).unwrap().transpose(1, 2).unwrap(), &cos, &sin)
+                .apply(
+                    &Tensor::from_slice(&x, (1, t, heads, d), &Device::Cpu).unwrap().transpose(1, 2).unwrap(),
+                    &cos,
+                    &sin,
+                )
                 .unwrap()
                 .transpose(1, 2)
                 .unwrap()
@@ -190,7 +193,10 @@ mod tests {
                 .unwrap();
             let mut ours = x.clone();
             rope.rotate(&mut ours, heads, d, &flat(&cos).unwrap(), &flat(&sin).unwrap());
-            assert_eq!(ours.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(
+                ours.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
             assert_ne!(ours, x);
         }
     }

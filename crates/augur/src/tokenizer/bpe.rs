@@ -388,11 +388,12 @@ mod tests {
     /// A vocabulary with what stresses the merge order: overlapping pairs (`aaa`), merges that compete for a
     /// symbol, a spelling given twice, a character outside the vocabulary, and merged tokens that are whole words.
     fn vocab_and_merges() -> (Vec<String>, Vec<(String, String)>) {
-        let tokens: Vec<String> =
-            ["<unk>", "a", "b", "c", "d", "aa", "ab", "bc", "aab", "abc", "aaa", "cd", "bcd", "ab", "aabc", "dd", "ddd"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect();
+        let tokens: Vec<String> = [
+            "<unk>", "a", "b", "c", "d", "aa", "ab", "bc", "aab", "abc", "aaa", "cd", "bcd", "ab", "aabc", "dd", "ddd",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let merges = [("a", "a"), ("b", "c"), ("a", "b"), ("aa", "b"), ("a", "bc"), ("c", "d"), ("b", "cd")]
             .iter()
             .chain(&[("aa", "a"), ("aab", "c"), ("d", "d"), ("dd", "d"), ("a", "b")])

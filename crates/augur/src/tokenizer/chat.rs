@@ -228,7 +228,10 @@ fn write_json_string(s: &str, out: &mut String) {
 
 fn write_json(v: &Value, o: &JsonOpts, depth: usize, out: &mut String) -> std::result::Result<(), minijinja::Error> {
     if depth > MAX_JSON_DEPTH {
-        return Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: nesting deeper than {MAX_JSON_DEPTH}")));
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: nesting deeper than {MAX_JSON_DEPTH}"),
+        ));
     }
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = o.indent {
@@ -417,9 +420,16 @@ mod tests {
 
     #[test]
     fn a_long_conversation_renders_within_the_fuel() {
-        let msgs: Vec<ChatMessage> = (0..20_000)
-            .map(|i| if i % 2 == 0 { ChatMessage::user(format!("q{i}")) } else { ChatMessage::assistant(format!("a{i}")) })
-            .collect();
+        let msgs: Vec<ChatMessage> =
+            (0..20_000)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        ChatMessage::user(format!("q{i}"))
+                    } else {
+                        ChatMessage::assistant(format!("a{i}"))
+                    }
+                })
+                .collect();
         let specials = [("eos_token", Some("<|endoftext|>"))];
         let text = render_with(&qwen_template(), &msgs, true, &specials).unwrap();
         assert!(text.ends_with("a19999<|im_end|>\n<|im_start|>assistant\n"), "{}", &text[text.len() - 80..]);

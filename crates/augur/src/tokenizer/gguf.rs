@@ -37,8 +37,8 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use super::{special_ids, AnyModel, CompactBpe, Inner, Tokenizer};
-use crate::error::{Error, Result};
 use crate::config::MAX_VOCAB;
+use crate::error::{Error, Result};
 
 /// `tokenizer.ggml.pre` values this module knows how to rebuild for byte-level BPE vocabularies.
 pub const SUPPORTED_PRE_TOKENIZERS: &[&str] = &[
@@ -173,7 +173,9 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
         return Err(meta.bad("`tokenizer.ggml.tokens` is empty"));
     }
     if tokens.len() > MAX_VOCAB {
-        return Err(meta.bad(format!("`tokenizer.ggml.tokens` has {} tokens, over the limit of {MAX_VOCAB}", tokens.len())));
+        return Err(
+            meta.bad(format!("`tokenizer.ggml.tokens` has {} tokens, over the limit of {MAX_VOCAB}", tokens.len()))
+        );
     }
     let n = tokens.len();
     let types: Vec<i64> = match meta.array("tokenizer.ggml.token_type")? {
@@ -213,9 +215,11 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
             let inner = sentencepiece_bpe(&meta, &tokens, &types, unk, add_space_prefix)?;
             (inner, "SentencePiece BPE (byte fallback)".to_string(), false, true)
         }
-        other => return Err(meta.bad(format!(
+        other => {
+            return Err(meta.bad(format!(
             "tokenizer model `{other}` is not supported (supported: `gpt2` byte-level BPE, `llama` SentencePiece BPE)"
-        ))),
+        )))
+        }
     };
 
     add_special_and_user_tokens(&meta, &mut inner, &tokens, &types, [bos, eos, pad, unk])?;
@@ -259,13 +263,7 @@ pub(crate) fn from_gguf(ct: &Content, path: &Path) -> Result<Tokenizer> {
 
 /// Byte-level BPE (GPT-2 family). Returns the tokenizer and whether Transformers cleans up
 /// tokenization spaces when decoding for this family.
-fn byte_level_bpe(
-    meta: &Meta,
-    tokens: &[String],
-    types: &[i64],
-    unk: Option<u32>,
-    pre: &str,
-) -> Result<(Inner, bool)> {
+fn byte_level_bpe(meta: &Meta, tokens: &[String], types: &[i64], unk: Option<u32>, pre: &str) -> Result<(Inner, bool)> {
     let merges = meta
         .strings("tokenizer.ggml.merges")?
         .ok_or_else(|| meta.bad("byte-level BPE needs `tokenizer.ggml.merges`, which is missing"))?

@@ -156,7 +156,11 @@ pub fn assert_logits_match(name: &str, model: &mut dyn augur::models::CausalLm, 
         let b: Vec<f32> = b.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
         let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
         let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        assert!(worst <= 1e-4 * scale.max(1.0), "{name} {:?} position {pos}: max diff {worst} (scale {scale})", p["text"]);
+        assert!(
+            worst <= 1e-4 * scale.max(1.0),
+            "{name} {:?} position {pos}: max diff {worst} (scale {scale})",
+            p["text"]
+        );
     }
 }
 

@@ -56,9 +56,8 @@ impl PromptLookup {
             // Occurrences whose continuation is non-empty: they end before the sequence's last token.
             let mut occurrences = (0..len - k).filter(|&j| &ids[j..j + k] == tail);
             let start = if self.cost_aware {
-                let matched = |j: usize| {
-                    k + (1..=j.min(MAX_MATCH - k)).take_while(|&b| ids[j - b] == ids[len - k - b]).count()
-                };
+                let matched =
+                    |j: usize| k + (1..=j.min(MAX_MATCH - k)).take_while(|&b| ids[j - b] == ids[len - k - b]).count();
                 let best = occurrences.map(|j| (matched(j), j)).max();
                 match best {
                     Some((m, _)) if m < MIN_MATCH => return Vec::new(),
