@@ -12,12 +12,13 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::factory::{self, AssistantParts, DraftParts};
+use crate::generation::drafters::factory::{self, AssistantParts, AssistantRef, DraftParts};
 use crate::generation::drafters::BackoffPolicy;
 use crate::generation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use crate::generation::{decode, speculative};
 use crate::io::resolve::resolve_model;
+use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -128,6 +129,95 @@ impl LoadedLm {
     }
 }
 
+/// The assistant model: a causal LM that drafts on its own (same tokenizer or not), or Gemma 4's assistant, which
+/// drafts from the target's hidden states and KV cache.
+pub enum Assistant {
+    Lm(LoadedLm),
+    Gemma4(LoadedGemma4Assistant),
+}
+
+/// Gemma 4's assistant with what was read beside it. It works in its target's vocabulary.
+pub struct LoadedGemma4Assistant {
+    pub path: PathBuf,
+    /// Read-only while drafting, so forks share it.
+    pub model: Arc<Gemma4Assistant>,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its `generation_config.json`, if any.
+    pub defaults: GenerationOptions,
+}
+
+impl Assistant {
+    /// Loads the assistant at `path`; a Hugging Face directory without a tokenizer takes `shared` (the target's).
+    pub fn load(path: &Path, device: &Device, shared: &Arc<Tokenizer>) -> Result<Self> {
+        if !models::is_gemma4_assistant(path)? {
+            let opts = models::LoadOptions::default();
+            return Ok(Assistant::Lm(LoadedLm::load_sharing(path, device, &opts, Some(shared))?));
+        }
+        let model = Arc::new(models::load_gemma4_assistant(path, device)?);
+        let gc = path.join("generation_config.json");
+        let defaults = if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
+        let tokenizer =
+            if path.join("tokenizer.json").exists() { Arc::new(Tokenizer::from_hf_dir(path)?) } else { shared.clone() };
+        Ok(Assistant::Gemma4(LoadedGemma4Assistant { path: path.to_path_buf(), model, tokenizer, defaults }))
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            Assistant::Lm(a) => &a.path,
+            Assistant::Gemma4(a) => &a.path,
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Assistant::Lm(a) => a.config(),
+            Assistant::Gemma4(a) => a.model.config(),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        match self {
+            Assistant::Lm(a) => &a.tokenizer,
+            Assistant::Gemma4(a) => &a.tokenizer,
+        }
+    }
+
+    fn tokenizer_mut(&mut self) -> &mut Arc<Tokenizer> {
+        match self {
+            Assistant::Lm(a) => &mut a.tokenizer,
+            Assistant::Gemma4(a) => &mut a.tokenizer,
+        }
+    }
+
+    pub fn defaults(&self) -> &GenerationOptions {
+        match self {
+            Assistant::Lm(a) => &a.defaults,
+            Assistant::Gemma4(a) => &a.defaults,
+        }
+    }
+
+    /// Another sequence of the assistant (Gemma 4's keeps no state of its own, so it is shared).
+    pub fn fork(&self) -> Result<Self> {
+        Ok(match self {
+            Assistant::Lm(a) => Assistant::Lm(a.fork()?),
+            Assistant::Gemma4(a) => Assistant::Gemma4(LoadedGemma4Assistant {
+                path: a.path.clone(),
+                model: Arc::clone(&a.model),
+                tokenizer: Arc::clone(&a.tokenizer),
+                defaults: a.defaults.clone(),
+            }),
+        })
+    }
+
+    /// The causal LM, unless this is Gemma 4's assistant.
+    pub fn lm_mut(&mut self) -> Option<&mut LoadedLm> {
+        match self {
+            Assistant::Lm(a) => Some(a),
+            Assistant::Gemma4(_) => None,
+        }
+    }
+}
+
 /// A call's options: generation options plus what Transformers' text-generation pipeline takes besides them.
 #[derive(Debug, Clone, Default)]
 pub struct CallOptions {
@@ -156,7 +246,7 @@ impl CallOptions {
 
 pub struct Pipeline {
     pub target: LoadedLm,
-    pub assistant: Option<LoadedLm>,
+    pub assistant: Option<Assistant>,
     /// Options applied to every call unless the call sets them (the server's defaults, say).
     pub defaults: GenerationOptions,
 }
@@ -177,7 +267,7 @@ impl Pipeline {
     pub fn fork(&self) -> Result<Self> {
         Ok(Self {
             target: self.target.fork()?,
-            assistant: self.assistant.as_ref().map(LoadedLm::fork).transpose()?,
+            assistant: self.assistant.as_ref().map(Assistant::fork).transpose()?,
             defaults: self.defaults.clone(),
         })
     }
@@ -185,8 +275,7 @@ impl Pipeline {
     /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
     pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
-        let shared = Some(&self.target.tokenizer);
-        self.assistant = Some(LoadedLm::load_sharing(&path, &Device::Cpu, &models::LoadOptions::default(), shared)?);
+        self.assistant = Some(Assistant::load(&path, &Device::Cpu, &self.target.tokenizer)?);
         Ok(self)
     }
 
@@ -196,7 +285,7 @@ impl Pipeline {
         let Some(a) = self.assistant.as_mut() else {
             return Err(Error::InvalidOption("an assistant tokenizer needs an assistant model".into()));
         };
-        a.tokenizer = Arc::new(load_tokenizer(path)?);
+        *a.tokenizer_mut() = Arc::new(load_tokenizer(path)?);
         Ok(self)
     }
 
@@ -307,7 +396,8 @@ impl Pipeline {
         let max_new = cfg.max_new_tokens_for(ids.len(), Some(context))?.min(context - ids.len());
         let start = Instant::now();
         let mut stats = GenerationStats { prompt_tokens: ids.len(), ..Default::default() };
-        let (target_path, assistant_path) = (self.target.path.clone(), self.assistant.as_ref().map(|a| a.path.clone()));
+        let (target_path, assistant_path) =
+            (self.target.path.clone(), self.assistant.as_ref().map(|a| a.path().to_path_buf()));
         let target = &mut self.target;
         target.model.truncate(0);
         let mut emitter =
@@ -317,20 +407,31 @@ impl Pipeline {
             target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
             mtp: target.mtp.is_some(),
             assistant: self.assistant.as_ref().map(|a| LoadedModel {
-                path: &a.path,
-                config: a.model.config(),
-                tokenizer: &a.tokenizer,
+                path: a.path(),
+                config: a.config(),
+                tokenizer: a.tokenizer(),
             }),
         };
         let method = SpeculationMethod::resolve(&cfg, call.method, &available)?;
         let parts = DraftParts {
             target_tokenizer: &target.tokenizer,
             mtp: target.mtp.as_mut().map(|h| h.as_mut() as &mut dyn MtpHead),
-            assistant: self.assistant.as_mut().filter(|_| method.uses_assistant()).map(|a| AssistantParts {
-                config: factory::assistant_config(&cfg, &a.defaults, &options, &self.defaults),
-                model: a.model.as_mut(),
-                tokenizer: &a.tokenizer,
-                defaults: &a.defaults,
+            assistant: self.assistant.as_mut().filter(|_| method.uses_assistant()).map(|a| {
+                let config = factory::assistant_config(&cfg, a.defaults(), &options, &self.defaults);
+                match a {
+                    Assistant::Lm(a) => AssistantParts {
+                        config,
+                        model: AssistantRef::Lm(a.model.as_mut()),
+                        tokenizer: &a.tokenizer,
+                        defaults: &a.defaults,
+                    },
+                    Assistant::Gemma4(a) => AssistantParts {
+                        config,
+                        model: AssistantRef::Gemma4(&a.model),
+                        tokenizer: &a.tokenizer,
+                        defaults: &a.defaults,
+                    },
+                }
             }),
         };
         let mut drafter = factory::build(method, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;

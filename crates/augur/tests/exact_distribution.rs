@@ -26,10 +26,10 @@ use augur::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use augur::generation::sampler::{softmax, Sampler};
 use augur::generation::speculative;
 use augur::generation::verify::{self, Block, Verdict, Verifier};
-use augur::models::gemma4_assistant::Gemma4Assistant;
 use augur::models::mtp::MtpHead;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
-use augur::pipeline::LoadedLm;
+use augur::pipeline::{Assistant, LoadedLm};
+use augur::Device;
 use common::exact::{self, Distribution, Histogram};
 use common::*;
 
@@ -142,16 +142,21 @@ impl MtpHead for FirstLayer<'_> {
 
 struct Models {
     target: LoadedLm,
-    assistant: Option<LoadedLm>,
+    assistant: Option<Assistant>,
 }
 
 impl Models {
     fn load(case: &Case) -> Self {
-        Models {
-            target: load(&fixtures().join(case.target), false),
-            assistant: case.assistant.map(|a| load(&fixtures().join(a), false)),
-        }
+        let target = load(&fixtures().join(case.target), false);
+        let assistant =
+            case.assistant.map(|a| Assistant::load(&fixtures().join(a), &Device::Cpu, &target.tokenizer).unwrap());
+        Models { target, assistant }
     }
+}
+
+/// The assistant as a causal LM.
+fn lm(a: &mut Option<Assistant>) -> &mut LoadedLm {
+    a.as_mut().and_then(Assistant::lm_mut).expect("a causal LM assistant")
 }
 
 /// A drafter whose `q` is taken before its processors (the softmax of the assistant's raw logits), while its
@@ -208,9 +213,9 @@ fn run(
     target.model.truncate(0);
     let mut first_layer;
     let mut drafter: Box<dyn Drafter + '_> = match case.method {
-        Method::Assistant => Box::new(
-            AssistantModel::new(m.assistant.as_mut().unwrap().model.as_mut(), &cfg, prompt.len(), vocab).unwrap(),
-        ),
+        Method::Assistant => {
+            Box::new(AssistantModel::new(lm(&mut m.assistant).model.as_mut(), &cfg, prompt.len(), vocab).unwrap())
+        }
         Method::Lookup => {
             Box::new(PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone()).unwrap())
         }
@@ -223,12 +228,12 @@ fn run(
             Box::new(MtpDrafter::new(&mut first_layer, &cfg, prompt.len()).unwrap())
         }
         Method::Gemma4 => {
-            let a =
-                m.assistant.as_mut().unwrap().model.as_any_mut().unwrap().downcast_ref::<Gemma4Assistant>().unwrap();
+            let Some(Assistant::Gemma4(a)) = m.assistant.as_ref() else { panic!("Gemma 4's assistant") };
+            let a = a.model.as_ref();
             Box::new(Gemma4AssistantDrafter::new(a, &cfg, prompt.len(), target.config().sliding_window).unwrap())
         }
         Method::Universal => {
-            let a = m.assistant.as_mut().unwrap();
+            let a = lm(&mut m.assistant);
             Box::new(
                 UniversalSampling::new(a.model.as_mut(), &target.tokenizer, &a.tokenizer, &cfg, prompt.len(), vocab)
                     .unwrap(),

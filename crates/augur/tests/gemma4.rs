@@ -103,8 +103,8 @@ fn run_assisted(
     (rounds, emitter.generated().to_vec())
 }
 
-fn assistant_model(lm: &mut augur::pipeline::LoadedLm) -> &Gemma4Assistant {
-    lm.model.as_any_mut().unwrap().downcast_ref::<Gemma4Assistant>().unwrap()
+fn assistant_model(path: &str) -> Gemma4Assistant {
+    augur::models::load_gemma4_assistant(&fixtures().join(path), &augur::Device::Cpu).unwrap()
 }
 
 #[test]
@@ -112,8 +112,7 @@ fn assistant_drafts_match_transformers() {
     let g = golden("gemma4.json");
     let max_new = g["spec_max_new_tokens"].as_u64().unwrap() as usize;
     let mut target = load(&fixtures().join("tiny-gemma4"), false);
-    let mut a = load(&fixtures().join("tiny-gemma4-assistant"), false);
-    let assistant = assistant_model(&mut a);
+    let assistant = &assistant_model("tiny-gemma4-assistant");
     let (mut fixed_rounds, mut stock_rounds, mut stale_rounds, mut accepted) = (0, 0, 0, 0);
     for run in g["assisted"].as_array().unwrap() {
         let input = ids(&run["input_ids"]);
@@ -229,9 +228,9 @@ fn assisted_greedy_is_lossless() {
 
 #[test]
 fn assistant_alone_or_with_another_target_is_a_clear_error() {
-    let mut a = load(&fixtures().join("tiny-gemma4-assistant"), false);
-    let Err(e) = a.model.forward(&[1, 2], &ForwardOptions::logits(LogitRows::All)) else {
-        panic!("the assistant ran on tokens alone")
+    let path = fixtures().join("tiny-gemma4-assistant");
+    let Err(e) = augur::pipeline::LoadedLm::load(&path, &augur::Device::Cpu) else {
+        panic!("the assistant loaded as a model that runs on tokens alone")
     };
     assert!(e.to_string().contains("Gemma 4 target"), "{e}");
     let mut pipe = pipeline("tiny-gemma3", Some("tiny-gemma4-assistant"));

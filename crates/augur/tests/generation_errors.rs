@@ -58,7 +58,7 @@ fn nan_logits_of_the_assistant_name_its_file() {
     let dir = poisoned("tiny-llama-assistant", 7, f32::NAN);
     let mut pipe = Pipeline {
         target: loaded(&fixtures().join("tiny-llama")),
-        assistant: Some(loaded(&dir)),
+        assistant: Some(augur::pipeline::Assistant::Lm(loaded(&dir))),
         defaults: GenerationOptions::default(),
     };
     let opts = GenerationOptions { num_assistant_tokens: Some(3), cost_aware_drafting: Some(false), ..greedy(4) };

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use augur::generation::config::GenerationOptions;
 use augur::generation::output::GenerationOutput;
-use augur::pipeline::Pipeline;
+use augur::pipeline::{Assistant, Pipeline};
 use common::*;
 
 const DEFAULT_SEED: u64 = 0x5EED_F022;
@@ -190,7 +190,7 @@ impl Pipelines {
         self.0.entry((target, assistant)).or_insert_with(|| {
             let path = |name: &str| if name == SMOLLM2 { real_model(name) } else { fixtures().join(name) };
             let t = load(&path(target), false);
-            let a = assistant.map(|a| load(&path(a), false));
+            let a = assistant.map(|a| Assistant::load(&path(a), &augur::Device::Cpu, &t.tokenizer).unwrap());
             Pipeline { target: t, assistant: a, defaults: GenerationOptions::default() }
         })
     }

@@ -11,7 +11,7 @@ use augur::generation::drafters::{Draft, Drafter, UniversalAssisted, UniversalSa
 use augur::generation::output::{Emitter, GenerationStats};
 use augur::generation::speculative;
 use augur::models::CausalLm;
-use augur::pipeline::{Pipeline, Prompt};
+use augur::pipeline::{Assistant, Pipeline, Prompt};
 use common::*;
 
 const ASSISTANT: &str = "tiny-qwen2-metaspace";
@@ -171,7 +171,7 @@ fn universal_greedy_is_lossless_on_smollm2_and_gemma3() {
     let gemma = load(&real_model("gemma-3-270m-q4_k_m.gguf"), false);
     let prompts = spec_bench_prompts(2);
     let options = GenerationOptions { max_new_tokens: Some(24), ..Default::default() };
-    let mut pipe = Pipeline { target: smollm2, assistant: Some(gemma), defaults: Default::default() };
+    let mut pipe = Pipeline { target: smollm2, assistant: Some(Assistant::Lm(gemma)), defaults: Default::default() };
     let mut accepted = 0;
     for _direction in 0..2 {
         for p in &prompts {
@@ -185,8 +185,8 @@ fn universal_greedy_is_lossless_on_smollm2_and_gemma3() {
             accepted += uni.stats.accepted;
         }
         // The other way round: Gemma 3 verifies SmolLM2's drafts.
-        let a = pipe.assistant.take().unwrap();
-        pipe.assistant = Some(std::mem::replace(&mut pipe.target, a));
+        let Some(Assistant::Lm(a)) = pipe.assistant.take() else { panic!("a causal LM assistant") };
+        pipe.assistant = Some(Assistant::Lm(std::mem::replace(&mut pipe.target, a)));
     }
     assert!(accepted > 0, "the real assistants never got a draft accepted");
 }

@@ -12,7 +12,6 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::gemma4::{Layer, Rows};
-use super::{CausalLm, ForwardOptions, ForwardOutput};
 use crate::config::{Gemma4Config, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
@@ -213,26 +212,8 @@ impl Gemma4Assistant {
     }
 }
 
-impl CausalLm for Gemma4Assistant {
-    fn config(&self) -> &ModelConfig {
+impl Gemma4Assistant {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
-    }
-
-    fn forward(&mut self, _tokens: &[u32], _opts: &ForwardOptions) -> Result<ForwardOutput> {
-        Err(Error::InvalidOption(
-            "the Gemma 4 assistant drafts from a Gemma 4 target's hidden states and KV cache; it cannot run on \
-             tokens alone (pass it as the assistant model of a Gemma 4 target)"
-                .into(),
-        ))
-    }
-
-    fn truncate(&mut self, _len: usize) {}
-
-    fn cache_len(&self) -> usize {
-        0
-    }
-
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        Some(self)
     }
 }

@@ -87,11 +87,6 @@ pub trait CausalLm: Send {
     fn kv_sharing(&self) -> Option<Box<dyn KvSharing + '_>> {
         None
     }
-    /// The model as `Any`, for callers that need an architecture's own API (a drafter model that is not run on
-    /// tokens).
-    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
-        None
-    }
 }
 
 /// A model that keeps KV for layers of another kind to reuse (Gemma 4's store layers), which its assistant
@@ -138,6 +133,22 @@ pub struct LoadOptions {
     /// Dequantize GGUF weights to f32 (slow; the reference path for comparisons with Transformers, which
     /// dequantizes GGUF files too).
     pub dequantize: bool,
+}
+
+/// Whether `path` holds Gemma 4's assistant (`Gemma4AssistantForCausalLM`), which drafts from a target's states
+/// and is not a causal LM of its own.
+pub fn is_gemma4_assistant(path: &Path) -> Result<bool> {
+    let config = path.join("config.json");
+    Ok(path.is_dir()
+        && config.is_file()
+        && ModelConfig::from_hf_file(&config)?.architecture == Architecture::Gemma4Assistant)
+}
+
+/// Loads Gemma 4's assistant from its Hugging Face directory.
+pub fn load_gemma4_assistant(path: &Path, device: &Device) -> Result<gemma4_assistant::Gemma4Assistant> {
+    let cfg = ModelConfig::from_hf_file(&path.join("config.json"))?;
+    let w = Weights::open_safetensors(path, cfg.architecture, device)?;
+    gemma4_assistant::load(cfg, &w)
 }
 
 /// Loads a GGUF file or a Hugging Face model directory.

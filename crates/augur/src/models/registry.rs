@@ -1,9 +1,9 @@
 //! The architecture registry: a new architecture is one file in `models/` and one line in each list here.
 
-use super::{deepseek_v3, gemma3, gemma4, gemma4_assistant, glm4_moe, llama, qwen2, Built, CausalLm};
+use super::{deepseek_v3, gemma3, gemma4, glm4_moe, llama, qwen2, Built, CausalLm};
 use crate::batching::Batched;
 use crate::config::{Architecture, ModelConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::weights::Weights;
 
 /// The `model_type`s (config.json) and `general.architecture`s (GGUF) that load.
@@ -18,7 +18,11 @@ pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Built> {
         Architecture::Qwen2 => alone(Box::new(qwen2::load(cfg, w)?.into_lm())),
         Architecture::Gemma3 => alone(Box::new(gemma3::load(cfg, w)?.into_lm())),
         Architecture::Gemma4 => alone(Box::new(Batched::new(gemma4::load(cfg, w)?))),
-        Architecture::Gemma4Assistant => alone(Box::new(gemma4_assistant::load(cfg, w)?)),
+        Architecture::Gemma4Assistant => Err(Error::InvalidOption(
+            "the Gemma 4 assistant drafts from a Gemma 4 target's hidden states and KV cache; it cannot run on \
+             tokens alone (pass it as the assistant model of a Gemma 4 target)"
+                .into(),
+        )),
         Architecture::DeepseekV3 => deepseek_v3::load(cfg, w),
         Architecture::Glm4Moe => glm4_moe::load(cfg, w),
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use augur::generation::config::GenerationOptions;
 use augur::models::LoadOptions;
-use augur::pipeline::{LoadedLm, Pipeline};
+use augur::pipeline::{Assistant, LoadedLm, Pipeline};
 use serde_json::Value;
 
 /// `tests/fixtures` at the repository root: the tiny checkpoints and goldens written by
@@ -66,7 +66,10 @@ pub fn load(path: &std::path::Path, dequantize: bool) -> LoadedLm {
 
 pub fn pipeline(target: &str, assistant: Option<&str>) -> Pipeline {
     let t = load(&fixtures().join(target), false);
-    let a = assistant.map(|a| load(&fixtures().join(a), false));
+    let a = assistant.map(|a| {
+        let path = fixtures().join(a);
+        Assistant::load(&path, &augur::Device::Cpu, &t.tokenizer).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    });
     Pipeline { target: t, assistant: a, defaults: GenerationOptions::default() }
 }
 

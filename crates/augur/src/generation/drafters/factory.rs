@@ -1,5 +1,5 @@
-//! Builds the drafter of a resolved [`SpeculationMethod`]. The one place that reaches into a model for what a
-//! drafter needs beyond `CausalLm` (the MTP layers, Gemma 4's assistant behind `as_any_mut`).
+//! Builds the drafter of a resolved [`SpeculationMethod`] from what the pipeline lends it: the target's
+//! tokenizer and MTP layers, and the assistant (a causal LM, or Gemma 4's assistant).
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
@@ -21,8 +21,14 @@ pub struct DraftParts<'a> {
     pub assistant: Option<AssistantParts<'a>>,
 }
 
+/// The assistant model as the drafters take it.
+pub enum AssistantRef<'a> {
+    Lm(&'a mut dyn CausalLm),
+    Gemma4(&'a Gemma4Assistant),
+}
+
 pub struct AssistantParts<'a> {
-    pub model: &'a mut dyn CausalLm,
+    pub model: AssistantRef<'a>,
     pub tokenizer: &'a Tokenizer,
     /// The assistant's `generation_config.json` (its EOS ids, for universal assisted decoding).
     pub defaults: &'a GenerationOptions,
@@ -61,17 +67,25 @@ pub fn build<'a>(
         | SpeculationMethod::UniversalSampling => {
             let a = parts.assistant.ok_or_else(|| missing("an assistant model"))?;
             let acfg = &a.config;
-            match method {
-                SpeculationMethod::Gemma4Assistant => {
-                    let model =
-                        a.model.as_any_mut().and_then(|m| m.downcast_ref::<Gemma4Assistant>()).ok_or_else(|| {
-                            Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into())
-                        })?;
-                    Box::new(Gemma4AssistantDrafter::new(model, acfg, prompt_len, target.sliding_window)?)
+            let model = match (method, a.model) {
+                (SpeculationMethod::Gemma4Assistant, AssistantRef::Gemma4(model)) => {
+                    return Ok(Some(with_backoff(
+                        Box::new(Gemma4AssistantDrafter::new(model, acfg, prompt_len, target.sliding_window)?),
+                        backoff,
+                    )));
                 }
-                SpeculationMethod::Assistant => Box::new(AssistantModel::new(a.model, acfg, prompt_len, vocab)?),
+                (SpeculationMethod::Gemma4Assistant, AssistantRef::Lm(_)) => {
+                    return Err(Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))
+                }
+                (_, AssistantRef::Gemma4(_)) => {
+                    return Err(missing("an assistant that runs on tokens (Gemma 4's assistant does not)"))
+                }
+                (_, AssistantRef::Lm(model)) => model,
+            };
+            match method {
+                SpeculationMethod::Assistant => Box::new(AssistantModel::new(model, acfg, prompt_len, vocab)?),
                 SpeculationMethod::UniversalSampling => Box::new(UniversalSampling::new(
-                    a.model,
+                    model,
                     parts.target_tokenizer,
                     a.tokenizer,
                     acfg,
@@ -83,15 +97,19 @@ pub fn build<'a>(
                         Some(e) if !e.is_empty() => e.clone(),
                         _ => a.tokenizer.eos_token_ids().to_vec(),
                     };
-                    Box::new(UniversalAssisted::new(a.model, parts.target_tokenizer, a.tokenizer, &eos, acfg))
+                    Box::new(UniversalAssisted::new(model, parts.target_tokenizer, a.tokenizer, &eos, acfg))
                 }
             }
         }
     };
-    Ok(Some(match backoff {
+    Ok(Some(with_backoff(drafter, backoff)))
+}
+
+fn with_backoff<'a>(drafter: Box<dyn Drafter + 'a>, backoff: Option<&BackoffPolicy>) -> Box<dyn Drafter + 'a> {
+    match backoff {
         Some(policy) => Box::new(Backoff::new(drafter, policy.clone())),
         None => drafter,
-    }))
+    }
 }
 
 /// The call's configuration with the assistant knobs. Transformers reads them only from the assistant's
