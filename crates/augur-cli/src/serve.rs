@@ -1,6 +1,6 @@
 //! `augur serve`: its flags, and a call into `augur-server`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use augur_server::ServeConfig;
 use clap::Args;
 
@@ -30,6 +30,18 @@ pub struct ServeArgs {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body_bytes: usize,
+    /// Open connections; beyond them a new one is answered 503 and closed.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Require `Authorization: Bearer <KEY>` on every endpoint but `/health`.
+    #[arg(long, conflicts_with = "api_key_file")]
+    api_key: Option<String>,
+    /// Read the API key from this file (its first line), so that it stays out of the process list.
+    #[arg(long)]
+    api_key_file: Option<std::path::PathBuf>,
+    /// Seconds in-flight requests have to finish after SIGTERM or SIGINT before the server exits.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_timeout: f64,
     /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
     /// which already shares the cost of reading the weights).
     #[arg(long, default_value_t = 2)]
@@ -45,6 +57,24 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if args.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
+    let Ok(shutdown_timeout) = std::time::Duration::try_from_secs_f64(args.shutdown_timeout) else {
+        anyhow::bail!("--shutdown-timeout must be a non-negative number of seconds");
+    };
+    let api_key = match &args.api_key_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the API key file {}", path.display()))?;
+            let key = text.lines().next().unwrap_or_default().trim().to_string();
+            if key.is_empty() {
+                anyhow::bail!("the API key file {} is empty", path.display());
+            }
+            Some(key)
+        }
+        None => args.api_key.clone(),
+    };
+    if api_key.as_ref().is_some_and(|k| k.is_empty()) {
+        anyhow::bail!("--api-key must not be empty");
+    }
     crate::set_threads(args.threads)?;
     let pipe = args.speculation.attach_assistant(crate::ui::load_pipeline(args.model.as_deref())?)?;
     let config = ServeConfig {
@@ -55,6 +85,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         parallel: args.parallel,
         queue: args.queue,
         max_body_bytes: args.max_body_bytes,
+        max_connections: args.max_connections,
+        api_key,
+        shutdown_timeout,
         speculation_max_load: args.speculation_max_load,
         speculation: args.speculation.options(),
     };

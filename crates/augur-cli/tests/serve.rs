@@ -87,24 +87,48 @@ impl Reply {
     }
 }
 
+/// Decodes a `Transfer-Encoding: chunked` body.
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
 fn send_raw(addr: &str, raw: &[u8]) -> Reply {
     let mut s = TcpStream::connect(addr).unwrap();
-    s.write_all(raw).unwrap();
+    // A server refusing a request early may close before reading all of it (a reset may follow its answer).
+    let _ = s.write_all(raw);
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).unwrap();
+    let mut chunk = [0u8; 16 * 1024];
+    while let Ok(n @ 1..) = s.read(&mut chunk) {
+        buf.extend_from_slice(&chunk[..n]);
+    }
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no head in `{text}`"));
     let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    Reply { status, head: head.to_string(), body: body.to_string() }
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(body) } else { body.to_string() };
+    Reply { status, head: head.to_string(), body }
 }
 
-fn request(addr: &str, method: &str, path: &str, body: &str) -> Reply {
+fn request_with(addr: &str, method: &str, path: &str, body: &str, headers: &str) -> Reply {
     let raw = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
+         {headers}Connection: close\r\n\r\n{body}",
         body.len()
     );
     send_raw(addr, raw.as_bytes())
+}
+
+fn request(addr: &str, method: &str, path: &str, body: &str) -> Reply {
+    request_with(addr, method, path, body, "")
 }
 
 fn post(addr: &str, path: &str, body: &Value) -> Reply {
@@ -252,7 +276,18 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let long_prompt = post(a, "/v1/completions", &json!({"prompt": "word ".repeat(600), "max_tokens": 1}));
     assert_error(&long_prompt, 400, Some("context_length_exceeded"));
     let oversized = post(a, "/v1/completions", &json!({"prompt": "x".repeat(10_000)}));
-    assert_error(&oversized, 400, None);
+    assert_error(&oversized, 413, Some("request_too_large"));
+    // A count that would wrap the token sum is refused, naming the field.
+    let huge = post(a, "/v1/completions", &json!({"prompt": "hello", "max_tokens": u64::MAX}));
+    assert_error(&huge, 400, Some("context_length_exceeded"));
+    assert_eq!(huge.json()["error"]["param"], "max_tokens");
+    let huge = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_completion_tokens": u64::MAX}),
+    );
+    assert_eq!((huge.status, huge.json()["error"]["param"].clone()), (400, json!("max_tokens")), "{}", huge.body);
     assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "temperature": -1})), 400, None);
     assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "n": 3})), 400, None);
     assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "top_p": 7.0, "temperature": 1})), 400, None);
@@ -305,7 +340,8 @@ fn concurrent_sequences_match_sequential_greedy_and_the_queue_is_bounded() {
     let busy = Server::tiny(&["--parallel", "1", "--queue", "0"]);
     let mut s = TcpStream::connect(&busy.addr).unwrap();
     let long = json!({"prompt": "The", "max_tokens": 400, "ignore_eos": true, "stream": true}).to_string();
-    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{long}", long.len())
+        .unwrap();
     let mut first = [0u8; 64];
     s.read_exact(&mut first).unwrap();
     let second = post(&busy.addr, "/v1/completions", &json!({"prompt": "a", "max_tokens": 2}));
@@ -343,6 +379,103 @@ fn a_client_that_leaves_mid_stream_stops_its_generation() {
     let generated = metric(a, "generation_tokens_total");
     assert!(generated < 4000.0, "stopped early, after {generated} tokens");
     assert_eq!(metric(a, "active_sequences"), 0.0);
+}
+
+#[test]
+fn the_api_key_guards_every_endpoint_but_health() {
+    let key_file = root().join("target/serve-test-api-key");
+    std::fs::write(&key_file, "s3cret-key\n").unwrap();
+    let server = Server::tiny(&["--api-key-file", key_file.to_str().unwrap()]);
+    let a = server.addr.as_str();
+    assert_eq!(request(a, "GET", "/health", "").status, 200);
+    assert_error(&request(a, "GET", "/v1/models", ""), 401, Some("invalid_api_key"));
+    assert_error(&request(a, "GET", "/metrics", ""), 401, Some("invalid_api_key"));
+    let body = json!({"prompt": "a", "max_tokens": 2}).to_string();
+    assert_error(&request(a, "POST", "/v1/completions", &body), 401, Some("invalid_api_key"));
+    for wrong in ["Bearer s3cret-kez", "Bearer s3cret-key-and-more", "Basic s3cret-key", "s3cret-key"] {
+        let r = request_with(a, "GET", "/v1/models", "", &format!("Authorization: {wrong}\r\n"));
+        assert_error(&r, 401, Some("invalid_api_key"));
+    }
+    let auth = "Authorization: Bearer s3cret-key\r\n";
+    assert_eq!(request_with(a, "GET", "/v1/models", "", auth).status, 200);
+    let r = request_with(a, "POST", "/v1/completions", &body, auth);
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn connections_beyond_the_cap_get_503_at_once() {
+    let server = Server::tiny(&["--max-connections", "2"]);
+    let a = server.addr.as_str();
+    let idle: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(a).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    let r = request(a, "GET", "/v1/models", "");
+    assert_error(&r, 503, Some("too_many_connections"));
+    assert!(t0.elapsed() < Duration::from_secs(2), "answered fast");
+    drop(idle);
+    let t0 = Instant::now();
+    loop {
+        let r = request(a, "GET", "/v1/models", "");
+        if r.status == 200 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "closed connections free their places: {}", r.body);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn sigterm(server: &Server) {
+    let ok = Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap().success();
+    assert!(ok, "kill -TERM failed");
+}
+
+/// Waits for the server to exit (up to `limit`) and returns whether it exited 0.
+fn exits_cleanly(server: &mut Server, limit: Duration) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return status.success();
+        }
+        assert!(t0.elapsed() < limit, "the server did not exit within {limit:?} of SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigterm_lets_streams_finish_then_exits_0() {
+    let mut server = Server::tiny(&[]);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    let long = json!({"prompt": "The", "max_tokens": 400, "ignore_eos": true, "stream": true}).to_string();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.contains("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    sigterm(&server);
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("[DONE]"), "the stream in flight completes: {rest}");
+    assert!(exits_cleanly(&mut server, Duration::from_secs(30)));
+    assert!(TcpStream::connect(&server.addr).is_err(), "no longer listening");
+
+    // A stream longer than the shutdown deadline is cut at it, and the process still exits 0.
+    let mut server = Server::start(&["--model", &smollm2(), "--shutdown-timeout", "1"]);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    let long =
+        json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.contains("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    let t0 = Instant::now();
+    sigterm(&server);
+    assert!(exits_cleanly(&mut server, Duration::from_secs(15)));
+    assert!(t0.elapsed() >= Duration::from_millis(900), "in-flight requests had their deadline");
 }
 
 /// The official `openai` Python client against the server: installed from PyPI into a virtual environment

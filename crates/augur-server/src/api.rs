@@ -82,7 +82,7 @@ fn count(body: &Map<String, Value>, name: &'static str) -> Result<Option<usize>,
         None => Ok(None),
         Some(v) => v
             .as_u64()
-            .map(|n| Some(n as usize))
+            .map(|n| Some(usize::try_from(n).unwrap_or(usize::MAX)))
             .ok_or_else(|| ApiError::param(name, format!("`{name}` must be a non-negative integer"))),
     }
 }

@@ -1,22 +1,23 @@
 //! An OpenAI-compatible HTTP server over augur's pipeline (`augur serve` runs it).
 //!
-//! Every admitted request runs as its own sequence (a fork of the loaded pipeline: shared weights, its own KV
-//! cache and drafter state) on its connection's thread; up to `parallel` sequences run at once, and the
-//! forwards they call at the same time run as one batched forward (linear layers over the rows of all of them,
-//! attention per sequence; see `augur::batching::Batched`). Up to `queue` more wait for a slot; beyond
-//! that the server answers 429. Each sequence's speculation pauses under load or when its drafts stop being
-//! accepted, without changing its output.
+//! HTTP is axum's (hyper on tokio); generation stays on the engine's threads. Every admitted request runs as its
+//! own sequence (a fork of the loaded pipeline: shared weights, its own KV cache and drafter state) on a thread
+//! of its own, which sends its text to the async handler through a channel; up to `parallel` sequences run at
+//! once, and the forwards they call at the same time run as one batched forward (linear layers over the rows of
+//! all of them, attention per sequence; see `augur::batching::Batched`). Up to `queue` more wait for a slot;
+//! beyond that the server answers 429. Each sequence's speculation pauses under load or when its drafts stop
+//! being accepted, without changing its output.
 
 mod api;
-mod http;
 mod metrics;
+mod net;
 
-use std::io::BufReader;
-use std::net::{TcpListener, TcpStream};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use augur::generation::config::GenerationOptions;
@@ -26,7 +27,17 @@ use augur::generation::output::GenerationOutput;
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::{CallOptions, Pipeline, Prompt};
 use augur::tokenizer::Tokenizer;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
 use serde_json::json;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use api::{ApiError, CompletionRequest, Meta, Speculation};
 use metrics::Metrics;
@@ -46,8 +57,14 @@ pub struct ServeConfig {
     pub parallel: usize,
     /// Requests waiting for a sequence slot before the server answers 429.
     pub queue: usize,
-    /// Largest request body, in bytes.
+    /// Largest request body, in bytes (beyond it, 413).
     pub max_body_bytes: usize,
+    /// Open connections; beyond them a new one is answered 503 and closed.
+    pub max_connections: usize,
+    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// After SIGTERM or SIGINT, how long in-flight requests may take before the process exits anyway.
+    pub shutdown_timeout: Duration,
     /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
     /// which already shares the cost of reading the weights).
     pub speculation_max_load: usize,
@@ -65,6 +82,9 @@ impl Default for ServeConfig {
             parallel: 4,
             queue: 16,
             max_body_bytes: 1 << 20,
+            max_connections: 512,
+            api_key: None,
+            shutdown_timeout: Duration::from_secs(30),
             speculation_max_load: 2,
             speculation: GenerationOptions::default(),
         }
@@ -134,7 +154,7 @@ struct Server {
     speculation_max_load: usize,
     scheduler: Scheduler,
     metrics: Metrics,
-    max_body: usize,
+    api_key: Option<String>,
     next_id: AtomicU64,
     started: u64,
 }
@@ -147,10 +167,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves `pipe` until the process ends. Each request runs on a fork of it.
+/// Serves `pipe` until SIGTERM or SIGINT. Each request runs on a fork of it.
 pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
     if config.parallel == 0 {
         anyhow::bail!("the server needs at least one parallel sequence");
+    }
+    if config.max_connections == 0 {
+        anyhow::bail!("the server needs to accept at least one connection");
     }
     // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
     let first = pipe.fork()?;
@@ -166,7 +189,7 @@ pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
         has_assistant: pipe.assistant.is_some(),
         idle: Mutex::new(vec![first]),
         template: Mutex::new(pipe),
-        speculation: config.speculation,
+        speculation: config.speculation.clone(),
         speculation_max_load: config.speculation_max_load,
         scheduler: Scheduler {
             slots: config.parallel,
@@ -176,113 +199,341 @@ pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
             running: Arc::new(AtomicUsize::new(0)),
         },
         metrics: Metrics::default(),
-        max_body: config.max_body_bytes,
+        api_key: config.api_key.clone().filter(|k| !k.is_empty()),
         next_id: AtomicU64::new(1),
         started: now(),
     });
-    let listener = TcpListener::bind((config.host.as_str(), config.port))
+    // The HTTP side only parses, waits and writes; two threads are plenty beside the model's.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("augur-http")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(server, config))?;
+    // Sequences still running past the shutdown deadline are abandoned, not awaited.
+    runtime.shutdown_background();
+    Ok(())
+}
+
+async fn run(server: Arc<Server>, config: ServeConfig) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
+        .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr()?;
     println!("augur serve: listening on http://{addr} (model `{}`)", server.model_id);
     use std::io::Write;
     std::io::stdout().flush()?;
-    for conn in listener.incoming() {
-        let Ok(stream) = conn else { continue };
-        let server = Arc::clone(&server);
-        let spawned = std::thread::Builder::new().name("augur-conn".into()).spawn(move || connection(&server, stream));
-        if let Err(e) = spawned {
-            eprintln!("augur serve: cannot start a connection thread: {e}");
-        }
+    let app = router(server, config.max_body_bytes);
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = {
+        let stop = Arc::clone(&stop);
+        async move { stop.notified().await }
+    };
+    let serving = axum::serve(net::Capped::new(listener, config.max_connections), app).with_graceful_shutdown(stopped);
+    let mut serving = std::pin::pin!(serving.into_future());
+    tokio::select! {
+        r = &mut serving => return r.context("the server failed"),
+        () = signal() => {}
+    }
+    eprintln!(
+        "augur serve: shutting down; in-flight requests have {} s to finish",
+        config.shutdown_timeout.as_secs_f64()
+    );
+    stop.notify_one();
+    match tokio::time::timeout(config.shutdown_timeout, serving).await {
+        Ok(r) => r.context("the server failed")?,
+        Err(_) => eprintln!("augur serve: the shutdown deadline passed; cutting the requests still running"),
     }
     Ok(())
 }
 
-/// Serves the requests of one connection until it closes.
-fn connection(server: &Server, stream: TcpStream) {
-    let _ = stream.set_read_timeout(Some(http::IDLE_TIMEOUT));
-    let _ = stream.set_nodelay(true);
-    let Ok(write) = stream.try_clone() else { return };
-    let mut reader = BufReader::new(stream);
-    let mut write = write;
+/// SIGTERM or SIGINT.
+async fn signal() {
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
+type Shared = Arc<Server>;
+
+fn router(server: Shared, max_body: usize) -> Router {
+    Router::new()
+        .route("/health", get(health).fallback(not_allowed))
+        .route("/v1/models", get(models).fallback(not_allowed))
+        .route("/metrics", get(metrics_text).fallback(not_allowed))
+        .route("/v1/completions", post(completions).fallback(not_allowed))
+        .route("/v1/chat/completions", post(chat_completions).fallback(not_allowed))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(middleware::from_fn_with_state(Arc::clone(&server), guard))
+        .with_state(server)
+}
+
+fn error(e: ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], e.body()).into_response()
+}
+
+fn json_reply(v: serde_json::Value) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+/// Compares in time that depends only on the lengths, so that a client cannot find the key byte by byte from
+/// how long the refusals take.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return false };
+    let Some((scheme, token)) = value.split_once(' ') else { return false };
+    scheme.eq_ignore_ascii_case("bearer") && constant_time_eq(token.trim().as_bytes(), key.as_bytes())
+}
+
+/// The API key (every endpoint but `/health`), and the count of answers by status.
+async fn guard(State(server): State<Shared>, req: Request, next: Next) -> Response {
+    let response = match &server.api_key {
+        Some(key) if req.uri().path() != "/health" && !authorized(req.headers(), key) => {
+            let mut r = error(ApiError::bad("a valid API key is needed: `Authorization: Bearer <key>`").with(
+                401,
+                "invalid_request_error",
+                "invalid_api_key",
+            ));
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            r
+        }
+        _ => next.run(req).await,
+    };
+    server.metrics.request(response.status().as_u16());
+    response
+}
+
+async fn health() -> Response {
+    json_reply(json!({"status": "ok"}))
+}
+
+async fn models(State(server): State<Shared>) -> Response {
+    json_reply(json!({"object": "list", "data": [
+        {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "augur"}
+    ]}))
+}
+
+async fn metrics_text(State(server): State<Shared>) -> Response {
+    let (active, queued) = server.scheduler.gauges();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], server.metrics.render(active, queued)).into_response()
+}
+
+async fn not_allowed(req: Request) -> Response {
+    error(ApiError::bad(format!("{} is not allowed on {}", req.method(), req.uri().path())).with(
+        405,
+        "invalid_request_error",
+        "method_not_allowed",
+    ))
+}
+
+async fn not_found(req: Request) -> Response {
+    error(ApiError::bad(format!("no route {} {}", req.method(), req.uri().path())).with(
+        404,
+        "invalid_request_error",
+        "not_found",
+    ))
+}
+
+async fn completions(State(server): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    complete(server, body, false).await
+}
+
+async fn chat_completions(State(server): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    complete(server, body, true).await
+}
+
+/// What a sequence's thread tells its handler.
+enum Msg {
+    /// Admitted and forked: the answer starts.
+    Started(Meta),
+    Text(String),
+    Done(augur::Result<GenerationOutput>),
+    /// Refused before it started (bad options, queue full).
+    Refused(ApiError),
+}
+
+/// Cancels the generation when the handler or its stream is dropped (the client left).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+fn internal(message: &str) -> ApiError {
+    ApiError::bad(message).with(500, "server_error", "internal_error")
+}
+
+fn generation_error(e: augur::Error) -> ApiError {
+    match e {
+        augur::Error::InvalidOption(_) | augur::Error::PromptTooLong { .. } | augur::Error::ChatTemplate(_) => {
+            ApiError::bad(e.to_string())
+        }
+        _ => ApiError::bad(e.to_string()).with(500, "server_error", "generation_failed"),
+    }
+}
+
+/// Parses the request here, then runs it on a thread of its own and answers it, whole or as server-sent events.
+async fn complete(server: Shared, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => {
+            let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "bad_body" };
+            return error(ApiError::bad(r.body_text()).with(r.status().as_u16(), "invalid_request_error", code));
+        }
+    };
+    let req = match api::parse(&body, chat) {
+        Ok(r) => r,
+        Err(e) => return error(e),
+    };
+    let (stream, include_usage) = (req.stream, req.include_usage);
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = unbounded_channel();
+    let worker = {
+        let (server, cancel) = (Arc::clone(&server), Arc::clone(&cancel));
+        move || sequence(&server, req, cancel, tx)
+    };
+    if let Err(e) = std::thread::Builder::new().name("augur-seq".into()).spawn(worker) {
+        return error(internal(&format!("cannot start a sequence thread: {e}")));
+    }
+    let guard = CancelOnDrop(cancel);
+    let meta = match rx.recv().await {
+        Some(Msg::Started(meta)) => meta,
+        Some(Msg::Refused(e)) => return error(e),
+        _ => return error(internal("the sequence ended before it started")),
+    };
+    if stream {
+        let events = Events { rx, _guard: guard, meta, chat, include_usage, first: true, queue: VecDeque::new() };
+        return events.into_response();
+    }
     loop {
-        let req = match http::read_request(&mut reader, server.max_body) {
-            Ok(r) => r,
-            Err(http::ReadError::Closed) => return,
-            Err(http::ReadError::Bad(m)) => {
-                let e = ApiError::bad(m);
-                server.metrics.request(e.status);
-                let _ = http::respond(&mut write, e.status, "application/json", e.body().as_bytes(), false);
-                http::drain(reader.get_mut(), server.max_body.saturating_mul(8));
-                return;
-            }
-        };
-        let keep = req.keep_alive();
-        // A panic anywhere in a request must not take the connection thread's server down with it.
-        let handled = catch_unwind(AssertUnwindSafe(|| route(server, &req, &mut write, keep)));
-        let keep_going = match handled {
-            Ok(Ok(kept)) => kept,
-            Ok(Err(_)) => false,
-            Err(_) => {
-                let e = ApiError::bad("internal error").with(500, "server_error", "internal_error");
-                server.metrics.request(500);
-                let _ = http::respond(&mut write, 500, "application/json", e.body().as_bytes(), false);
-                false
-            }
-        };
-        if !keep_going {
-            return;
+        match rx.recv().await {
+            Some(Msg::Text(_)) => {}
+            Some(Msg::Done(Ok(o))) => return json_reply(api::response(&meta, chat, &o.text, &o)),
+            Some(Msg::Done(Err(e))) => return error(generation_error(e)),
+            _ => return error(internal("the sequence ended without an answer")),
         }
     }
 }
 
-/// Answers one request; returns whether the connection stays open.
-fn route(server: &Server, req: &http::Request, out: &mut TcpStream, keep: bool) -> std::io::Result<bool> {
-    let json_reply = |out: &mut TcpStream, status: u16, body: String| -> std::io::Result<bool> {
-        server.metrics.request(status);
-        http::respond(out, status, "application/json", body.as_bytes(), keep)?;
-        Ok(keep)
+/// A request's sequence: checks, admission, a fork, the generation; every step reported through `tx`.
+fn sequence(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx: UnboundedSender<Msg>) {
+    let job = match prepare(server, req, Arc::clone(&cancel)) {
+        Ok(j) => j,
+        Err(e) => {
+            let _ = tx.send(Msg::Refused(e));
+            return;
+        }
     };
-    let error = |out: &mut TcpStream, e: ApiError| json_reply(out, e.status, e.body());
-    match (req.method.as_str(), req.path.as_str()) {
-        ("GET", "/health") => json_reply(out, 200, json!({"status": "ok"}).to_string()),
-        ("GET", "/v1/models") => json_reply(
-            out,
-            200,
-            json!({"object": "list", "data": [
-                {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "augur"}
-            ]})
-            .to_string(),
-        ),
-        ("GET", "/metrics") => {
-            let (active, queued) = server.scheduler.gauges();
-            let body = server.metrics.render(active, queued);
-            server.metrics.request(200);
-            http::respond(out, 200, "text/plain; version=0.0.4", body.as_bytes(), keep)?;
-            Ok(keep)
+    let Some(permit) = server.scheduler.admit() else {
+        let e = ApiError::bad(format!(
+            "the server is busy: {} sequences running and {} waiting; retry later",
+            server.scheduler.slots, server.scheduler.queue
+        ))
+        .with(429, "rate_limit_error", "queue_full");
+        let _ = tx.send(Msg::Refused(e));
+        return;
+    };
+    if cancel.load(Ordering::Relaxed) {
+        return; // the client left while it waited
+    }
+    let idle = lock(&server.idle).pop();
+    let mut pipe = match idle.map_or_else(|| lock(&server.template).fork(), Ok) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = tx.send(Msg::Refused(ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed")));
+            return;
         }
-        ("POST", "/v1/completions") | ("POST", "/v1/chat/completions") => {
-            let chat = req.path == "/v1/chat/completions";
-            match api::parse(&req.body, chat).and_then(|r| prepare(server, r)) {
-                Err(e) => error(out, e),
-                Ok(job) => complete(server, job, out, keep),
+    };
+    let chat = job.req.chat;
+    let meta = Meta {
+        id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, server.next_id.fetch_add(1, Ordering::Relaxed)),
+        created: now(),
+        model: server.model_id.clone(),
+    };
+    let _ = tx.send(Msg::Started(meta));
+    let mut sink = |text: &str| {
+        if tx.send(Msg::Text(text.to_string())).is_err() {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    };
+    let result = pipe.call(&job.req.prompt, &job.call, Some(&mut sink));
+    lock(&server.idle).push(pipe);
+    drop(permit);
+    if let Ok(o) = &result {
+        server.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled);
+    }
+    let _ = tx.send(Msg::Done(result));
+}
+
+/// A streamed answer: its chunks as the sequence accepts them, then the finish reason, the usage if asked, and
+/// `[DONE]`; an error mid-stream is one last event.
+struct Events {
+    rx: UnboundedReceiver<Msg>,
+    _guard: CancelOnDrop,
+    meta: Meta,
+    chat: bool,
+    include_usage: bool,
+    first: bool,
+    /// Payloads ready to send; `None` ends the stream.
+    queue: VecDeque<Option<String>>,
+}
+
+impl Events {
+    fn into_response(mut self) -> Response {
+        if self.chat {
+            self.queue.push_back(Some(api::chunk(&self.meta, true, Some(""), true, None).to_string()));
+            self.first = false;
+        }
+        let stream = futures_util::stream::unfold(self, |mut st| async move {
+            loop {
+                match st.queue.pop_front() {
+                    Some(Some(data)) => return Some((Ok::<_, Infallible>(Event::default().data(data)), st)),
+                    Some(None) => return None,
+                    None => {}
+                }
+                let (meta, chat) = (&st.meta, st.chat);
+                match st.rx.recv().await {
+                    Some(Msg::Text(t)) => {
+                        st.queue.push_back(Some(api::chunk(meta, chat, Some(&t), st.first, None).to_string()));
+                        st.first = false;
+                    }
+                    Some(Msg::Done(Ok(o))) => {
+                        let reason = api::finish_reason(&o.finish_reason);
+                        st.queue.push_back(Some(api::chunk(meta, chat, None, false, Some(reason)).to_string()));
+                        if st.include_usage {
+                            st.queue.push_back(Some(api::usage_chunk(meta, chat, &o).to_string()));
+                        }
+                        st.queue.extend([Some("[DONE]".to_string()), None]);
+                    }
+                    Some(Msg::Done(Err(e))) => st.queue.extend([Some(generation_error(e).body()), None]),
+                    _ => return None,
+                }
             }
-        }
-        (_, "/health" | "/v1/models" | "/metrics" | "/v1/completions" | "/v1/chat/completions") => error(
-            out,
-            ApiError::bad(format!("{} is not allowed on {}", req.method, req.path)).with(
-                405,
-                "invalid_request_error",
-                "method_not_allowed",
-            ),
-        ),
-        _ => error(
-            out,
-            ApiError::bad(format!("no route {} {}", req.method, req.path)).with(
-                404,
-                "invalid_request_error",
-                "not_found",
-            ),
-        ),
+        });
+        Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
     }
 }
 
@@ -293,7 +544,7 @@ struct Job {
 }
 
 /// Checks the model, the speculation and the token budget before the request takes a slot.
-fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
+fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> Result<Job, ApiError> {
     if let Some(m) = &req.model {
         if *m != server.model_id && !server.aliases.contains(m) {
             return Err(ApiError::param(
@@ -330,16 +581,23 @@ fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
     }
     let budget = server.context.saturating_sub(prompt_tokens);
     // OpenAI's defaults: 16 tokens for completions, the rest of the context for chats.
-    let max_new = generation.max_new_tokens.unwrap_or(if req.chat { budget } else { 16.min(budget) });
-    if prompt_tokens + max_new > server.context || budget == 0 {
+    let asked = generation.max_new_tokens;
+    let max_new = asked.unwrap_or(if req.chat { budget } else { 16.min(budget) });
+    let total = prompt_tokens.checked_add(max_new);
+    if total.is_none_or(|t| t > server.context) || budget == 0 {
+        let param = match asked {
+            Some(n) if budget > 0 && n > budget => "max_tokens",
+            _ if req.chat => "messages",
+            _ => "prompt",
+        };
+        let requested = total.map_or_else(|| format!("more than {}", usize::MAX), |t| t.to_string());
         return Err(ApiError::param(
-            if req.chat { "messages" } else { "prompt" },
+            param,
             format!(
-                "This model's maximum context length is {} tokens. However, you requested {} tokens \
+                "This model's maximum context length is {} tokens. However, you requested {requested} tokens \
                  ({prompt_tokens} in the prompt, {max_new} in the completion). Please reduce the prompt or the \
                  completion length.",
                 server.context,
-                prompt_tokens + max_new
             ),
         )
         .with(400, "invalid_request_error", "context_length_exceeded"));
@@ -351,135 +609,9 @@ fn prepare(server: &Server, req: CompletionRequest) -> Result<Job, ApiError> {
         generation,
         return_full_text: Some(req.echo),
         add_special_tokens: Some(true),
-        cancel: Some(Arc::new(AtomicBool::new(false))),
+        cancel: Some(cancel),
         backoff: Some(backoff),
         method,
     };
     Ok(Job { req, call })
-}
-
-/// Runs an admitted job on a sequence of its own and answers it, whole or as server-sent events.
-fn complete(server: &Server, job: Job, out: &mut TcpStream, keep: bool) -> std::io::Result<bool> {
-    let Some(_permit) = server.scheduler.admit() else {
-        let e = ApiError::bad(format!(
-            "the server is busy: {} sequences running and {} waiting; retry later",
-            server.scheduler.slots, server.scheduler.queue
-        ))
-        .with(429, "rate_limit_error", "queue_full");
-        server.metrics.request(429);
-        http::respond(out, 429, "application/json", e.body().as_bytes(), keep)?;
-        return Ok(keep);
-    };
-    if !http::peer_alive(out) {
-        return Ok(false);
-    }
-    let idle = lock(&server.idle).pop();
-    let mut pipe = match idle.map_or_else(|| lock(&server.template).fork(), Ok) {
-        Ok(p) => p,
-        Err(e) => {
-            let err = ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed");
-            server.metrics.request(500);
-            http::respond(out, 500, "application/json", err.body().as_bytes(), keep)?;
-            return Ok(keep);
-        }
-    };
-    let chat = job.req.chat;
-    let meta = Meta {
-        id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, server.next_id.fetch_add(1, Ordering::Relaxed)),
-        created: now(),
-        model: server.model_id.clone(),
-    };
-    let cancel = job.call.cancel.clone().unwrap_or_default();
-    let result = if job.req.stream {
-        stream(&mut pipe, &job, &meta, &cancel, out)
-    } else {
-        let watch = out.try_clone()?;
-        let mut checked = Instant::now();
-        let mut sink = |_: &str| {
-            if checked.elapsed().as_millis() >= 50 {
-                checked = Instant::now();
-                if !http::peer_alive(&watch) {
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            }
-        };
-        Ok(pipe.call(&job.req.prompt, &job.call, Some(&mut sink)))
-    };
-    lock(&server.idle).push(pipe);
-    match result? {
-        Ok(o) => {
-            let cancelled = o.finish_reason == FinishReason::Cancelled;
-            server.metrics.generation(&o.stats, cancelled);
-            if cancelled {
-                server.metrics.request(499);
-                return Ok(false);
-            }
-            if job.req.stream {
-                server.metrics.request(200);
-                finish_stream(&job, &meta, &o, out)?;
-                Ok(false)
-            } else {
-                server.metrics.request(200);
-                let body = api::response(&meta, chat, &o.text, &o).to_string();
-                http::respond(out, 200, "application/json", body.as_bytes(), keep)?;
-                Ok(keep)
-            }
-        }
-        Err(e) => {
-            let status = match e {
-                augur::Error::InvalidOption(_) | augur::Error::PromptTooLong { .. } | augur::Error::ChatTemplate(_) => {
-                    400
-                }
-                _ => 500,
-            };
-            let err = ApiError::bad(e.to_string());
-            let err = if status == 500 { err.with(500, "server_error", "generation_failed") } else { err };
-            server.metrics.request(status);
-            if job.req.stream {
-                http::event(out, &err.body())?;
-                Ok(false)
-            } else {
-                http::respond(out, status, "application/json", err.body().as_bytes(), keep)?;
-                Ok(keep)
-            }
-        }
-    }
-}
-
-/// Streams the chunks as they are accepted; a failed write cancels the generation.
-fn stream(
-    pipe: &mut Pipeline,
-    job: &Job,
-    meta: &Meta,
-    cancel: &AtomicBool,
-    out: &mut TcpStream,
-) -> std::io::Result<augur::Result<GenerationOutput>> {
-    let chat = job.req.chat;
-    http::start_events(out)?;
-    let mut first = true;
-    if chat {
-        http::event(out, &api::chunk(meta, true, Some(""), true, None).to_string())?;
-        first = false;
-    }
-    let mut sink = |text: &str| {
-        if cancel.load(Ordering::Relaxed) {
-            return;
-        }
-        let c = api::chunk(meta, chat, Some(text), first, None).to_string();
-        first = false;
-        if http::event(out, &c).is_err() {
-            cancel.store(true, Ordering::Relaxed);
-        }
-    };
-    Ok(pipe.call(&job.req.prompt, &job.call, Some(&mut sink)))
-}
-
-fn finish_stream(job: &Job, meta: &Meta, o: &GenerationOutput, out: &mut TcpStream) -> std::io::Result<()> {
-    let chat = job.req.chat;
-    let reason = api::finish_reason(&o.finish_reason);
-    http::event(out, &api::chunk(meta, chat, None, false, Some(reason)).to_string())?;
-    if job.req.include_usage {
-        http::event(out, &api::usage_chunk(meta, chat, o).to_string())?;
-    }
-    http::event(out, "[DONE]")
 }
