@@ -236,6 +236,12 @@ pub struct CallOptions {
     /// The speculation method, named; `None` picks it from the options and the loaded models by Transformers'
     /// precedence. [`MethodName::Plain`] decodes plainly whatever the options or a loaded assistant would choose.
     pub method: Option<MethodName>,
+    /// Record each new token's log-probability with this many alternatives (see
+    /// [`TokenLogprob`](crate::generation::output::TokenLogprob)); `None`: none recorded.
+    pub logprobs: Option<usize>,
+    /// Keep a stop string that ends the generation in the text (Transformers' behaviour, the default). `false`
+    /// cuts it and what follows it, as OpenAI and vLLM (`include_stop_str_in_output`) do.
+    pub include_stop_str_in_output: Option<bool>,
 }
 
 impl CallOptions {
@@ -386,6 +392,14 @@ impl Pipeline {
         };
         let cfg = self.resolve_config(&options);
         cfg.validate()?;
+        let vocab = self.target.config().vocab_size;
+        let outside: Vec<u32> =
+            cfg.sequence_bias.iter().flat_map(|(seq, _)| seq).copied().filter(|&t| t as usize >= vocab).collect();
+        if !outside.is_empty() {
+            return Err(Error::InvalidOption(format!(
+                "The model vocabulary size is {vocab}, but the following tokens were being biased: {outside:?}"
+            )));
+        }
         if ids.is_empty() {
             return Err(Error::InvalidOption("the prompt is empty (no tokens)".into()));
         }
@@ -402,7 +416,9 @@ impl Pipeline {
         target.model.truncate(0);
         let mut emitter =
             Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
-                .with_cancel(call.cancel.clone());
+                .with_cancel(call.cancel.clone())
+                .with_logprobs(call.logprobs)
+                .excluding_stop_strings(!call.include_stop_str_in_output.unwrap_or(true));
         let available = Available {
             target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
             mtp: target.mtp.is_some(),

@@ -178,3 +178,131 @@ fn call_options_stream_cancel_and_backoff() {
     assert_eq!(backed.tokens, new.tokens);
     assert_eq!(backed.stats.drafted, 0);
 }
+
+/// Log-probabilities are the log-softmax of the target's raw logits at each emitted position: checked against
+/// one forward over prompt and output, and identical whichever method drafted (the rows verified are the rows
+/// plain decoding computes).
+#[test]
+fn logprobs_are_the_targets_raw_distribution_with_or_without_speculation() {
+    let mut pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let prompt = Prompt::Text(PROMPTS[2].into());
+    let ids = pipe.encode(&prompt, true).unwrap();
+    let mut runs = Vec::new();
+    for (method, spec) in [
+        (MethodName::Plain, GenerationOptions::default()),
+        (MethodName::PromptLookup, GenerationOptions { prompt_lookup_num_tokens: Some(3), ..Default::default() }),
+        (MethodName::AssistantModel, GenerationOptions { num_assistant_tokens: Some(4), ..Default::default() }),
+    ] {
+        let mut options = greedy(24);
+        options.merge(&spec);
+        options.cost_aware_drafting = Some(false);
+        let call = CallOptions { method: Some(method), logprobs: Some(3), ..CallOptions::new(options) };
+        let out = pipe.call(&prompt, &call, None).unwrap();
+        if method != MethodName::Plain {
+            assert!(out.stats.drafted > 0, "{method:?} proposed no drafts");
+        }
+        runs.push(out);
+    }
+    let plain = &runs[0];
+    let logprobs = plain.logprobs.as_ref().expect("logprobs were asked for");
+    assert_eq!(logprobs.len(), plain.tokens.len());
+    let mut all = ids.clone();
+    all.extend(&plain.tokens);
+    let mut model = pipe.target.model.fork().unwrap();
+    let rows: Vec<Vec<f32>> =
+        model.forward(&all, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap().to_vec2().unwrap();
+    for (i, lp) in logprobs.iter().enumerate() {
+        let row = &rows[ids.len() - 1 + i];
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let log_z = max + row.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32;
+        assert_eq!(lp.token, plain.tokens[i]);
+        assert!((lp.logprob - (row[lp.token as usize] - log_z)).abs() < 1e-4, "position {i}: {lp:?}");
+        assert_eq!(lp.top.len(), 3);
+        // Greedy: the emitted token is the most likely one, and the alternatives come in order.
+        assert_eq!(lp.top[0], (lp.token, lp.logprob));
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+    }
+    for out in &runs[1..] {
+        assert_eq!(out.tokens, plain.tokens);
+        assert_eq!(out.logprobs.as_ref().unwrap().len(), logprobs.len());
+        for (a, b) in out.logprobs.as_ref().unwrap().iter().zip(logprobs) {
+            assert_eq!(a.token, b.token);
+            assert!((a.logprob - b.logprob).abs() < 1e-4, "{a:?} against plain {b:?}");
+        }
+    }
+    let none = pipe.call(&prompt, &CallOptions::new(greedy(4)), None).unwrap();
+    assert!(none.logprobs.is_none(), "nothing recorded unless asked");
+}
+
+/// `include_stop_str_in_output: false` cuts the stop string and what follows it from the text and the stream,
+/// also when the stop string spans tokens or begins in the prompt; speculation does not change the cut.
+#[test]
+fn stop_strings_are_cut_from_the_text_when_asked() {
+    let mut pipe = pipeline("tiny-llama", None);
+    let prompt_text = PROMPTS[1];
+    let prompt = Prompt::Text(prompt_text.into());
+    let full = pipe.generate(&prompt, &greedy(30), None).unwrap().text;
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 12, "{full:?}");
+    let cases = [
+        // (stop, text expected with the stop cut)
+        (chars[6..10].iter().collect::<String>(), None),
+        (format!("{}{}", &prompt_text[prompt_text.len() - 2..], chars[0]), Some(String::new())),
+    ];
+    for (stop, expected) in cases {
+        let expected = expected.unwrap_or_else(|| full[..full.find(&stop).unwrap()].to_string());
+        for lookup in [None, Some(2)] {
+            let mut options = greedy(30);
+            options.stop_strings = Some(vec![stop.clone()]);
+            options.prompt_lookup_num_tokens = lookup;
+            let call = CallOptions {
+                include_stop_str_in_output: Some(false),
+                return_full_text: Some(false),
+                ..CallOptions::new(options.clone())
+            };
+            let mut streamed = String::new();
+            let cut = pipe.call(&prompt, &call, Some(&mut |c: &str| streamed.push_str(c))).unwrap();
+            assert_eq!(cut.finish_reason, FinishReason::StopString(stop.clone()), "{stop:?}");
+            assert_eq!(cut.text, expected, "stop {stop:?}, lookup {lookup:?}");
+            assert_eq!(streamed, cut.text, "the stream never shows what is cut");
+            let kept = pipe.generate(&prompt, &options, None).unwrap();
+            assert_eq!(kept.tokens, cut.tokens, "cutting the text changes no token");
+            assert!(kept.text.starts_with(&expected) && kept.text.len() > expected.len());
+        }
+    }
+}
+
+/// `sequence_bias` moves greedy choices: a one-token bias always, a longer sequence's only after its prefix;
+/// speculation keeps the biased output; ids beyond the vocabulary are refused with Transformers' error.
+#[test]
+fn sequence_bias_steers_generation_exactly() {
+    let mut pipe = pipeline("tiny-llama", None);
+    let prompt = Prompt::Text(PROMPTS[0].into());
+    let base = pipe.generate(&prompt, &greedy(8), None).unwrap().tokens;
+    let with = |bias: Vec<(Vec<u32>, f32)>, lookup: Option<usize>| GenerationOptions {
+        sequence_bias: Some(bias),
+        prompt_lookup_num_tokens: lookup,
+        cost_aware_drafting: Some(false),
+        ..greedy(8)
+    };
+    let banned = pipe.generate(&prompt, &with(vec![(vec![base[0]], -100.0)], None), None).unwrap().tokens;
+    assert_ne!(banned[0], base[0], "a -100 bias bans the greedy token");
+    assert!(!banned.contains(&base[0]));
+    let forced = 7u32;
+    let pushed = pipe.generate(&prompt, &with(vec![(vec![base[0], forced], 100.0)], None), None).unwrap().tokens;
+    assert_eq!(pushed[..2], [base[0], forced], "a two-token sequence biases its last token after its prefix");
+    for bias in [vec![(vec![base[0]], -100.0)], vec![(vec![base[0], forced], 100.0)]] {
+        let plain = pipe.generate(&prompt, &with(bias.clone(), None), None).unwrap().tokens;
+        let spec = pipe.generate(&prompt, &with(bias, Some(2)), None).unwrap();
+        assert_eq!(spec.tokens, plain);
+    }
+    let vocab = pipe.target.config().vocab_size as u32;
+    let e = pipe.generate(&prompt, &with(vec![(vec![vocab + 5], 1.0)], None), None).unwrap_err().to_string();
+    assert!(e.contains(&format!("vocabulary size is {vocab}")) && e.contains(&(vocab + 5).to_string()), "{e}");
+    let json = GenerationOptions::from_json_str(r#"{"sequence_bias": [[[3, 4], -2.0], [[5], 1.5], [[3, 4], 1.0]]}"#)
+        .unwrap()
+        .sequence_bias
+        .unwrap();
+    assert_eq!(json, vec![(vec![3, 4], 1.0), (vec![5], 1.5)], "a repeated sequence keeps its last bias");
+    assert!(GenerationOptions::from_json_str(r#"{"sequence_bias": [[[], 1.0]]}"#).is_err());
+}

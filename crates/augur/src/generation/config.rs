@@ -143,6 +143,11 @@ generation_fields! {
     top_p: plain f32 = 1.0, parse_de::<f32>;
     min_p: opt f32 = (), parse_de::<f32>;
     repetition_penalty: plain f32 = 1.0, parse_de::<f32>;
+    /// Additive biases on token sequences, as Transformers' `sequence_bias` in its list form
+    /// `[[[ids…], bias], …]`: a one-token sequence's bias always applies to that token; a longer one's applies to
+    /// its last token when the context ends with the rest. A repeated sequence keeps its last bias. OpenAI's
+    /// `logit_bias` is the one-token case.
+    sequence_bias: plain Vec<(Vec<u32>, f32)> = Vec::new(), parse_sequence_bias;
     /// Seed of the sampler; `None` seeds from the OS. Not a Transformers field (it seeds torch globally).
     seed: opt u64 = (), parse_de::<u64>;
     /// End-of-sequence token ids; JSON accepts one id or a list. Empty: generation stops only on length.
@@ -213,6 +218,42 @@ fn parse_token_ids(field: &str, v: &Value) -> Result<Option<Vec<u32>>> {
         }
     }
     Ok(Some(ids))
+}
+
+/// `[[[ids…], bias], …]`, with Transformers' error for any other shape; a repeated sequence keeps its last bias
+/// (Transformers turns the list into a dict keyed by the sequence).
+fn parse_sequence_bias(field: &str, v: &Value) -> Result<Option<Vec<(Vec<u32>, f32)>>> {
+    let bad = || {
+        Error::config(
+            field,
+            format!(
+                "Each element in `sequence_bias` has to be a non-empty list of lists of positive integers and float, \
+                 but is {v}."
+            ),
+        )
+    };
+    let Value::Array(items) = v else {
+        return Err(Error::config(
+            field,
+            format!("`sequence_bias` has to be a non-empty dictionary, or non-empty list of lists but is {v}."),
+        ));
+    };
+    let mut out: Vec<(Vec<u32>, f32)> = Vec::with_capacity(items.len());
+    for item in items {
+        let (ids, bias) = match item.as_array().map(Vec::as_slice) {
+            Some([Value::Array(ids), bias]) if !ids.is_empty() => (ids, bias.as_f64().ok_or_else(bad)?),
+            _ => return Err(bad()),
+        };
+        let ids = ids
+            .iter()
+            .map(|id| id.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad))
+            .collect::<Result<Vec<u32>>>()?;
+        match out.iter_mut().find(|(seq, _)| *seq == ids) {
+            Some(entry) => entry.1 = bias as f32,
+            None => out.push((ids, bias as f32)),
+        }
+    }
+    Ok(Some(out))
 }
 
 /// One string or a list of strings (Transformers accepts both for `stop_strings`).

@@ -88,8 +88,12 @@ pub fn generate(
             stats.prefill_seconds = start.elapsed().as_secs_f64();
         }
         let logits = logits_rows(&out, TARGET, model.cache_len() - 1)?.pop().unwrap_or_default();
+        let raw = emitter.wants_logprobs().then(|| logits.clone());
         let next = next_token(&processor, &mut sampler, emitter.tokens(), logits);
         emitter.accept(&[next])?;
+        if let Some(raw) = raw {
+            emitter.record_logprobs(&[raw], &[next]);
+        }
         pending = vec![next];
     }
     stats.new_tokens = emitter.generated().len();

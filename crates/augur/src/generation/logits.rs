@@ -1,5 +1,5 @@
-//! Logits processing in Transformers' order (`_get_logits_processor`): repetition penalty, minimum-length EOS
-//! suppression, then, when sampling, the warpers Temperature → TopK → TopP → MinP.
+//! Logits processing in Transformers' order (`_get_logits_processor`): sequence bias, repetition penalty,
+//! minimum-length EOS suppression, then, when sampling, the warpers Temperature → TopK → TopP → MinP.
 //!
 //! Each step reproduces the torch code's semantics on a single row of f32 logits; filtered entries become `-inf`.
 //! Sorting is avoided where torch sorts: top-k uses a selection, top-p sorts only the tokens that could survive.
@@ -13,6 +13,7 @@ const NEG_INF: f32 = f32::NEG_INFINITY;
 /// The processors `generate()` would apply for one configuration and prompt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogitsProcessor {
+    sequence_bias: Vec<(Vec<u32>, f32)>,
     repetition_penalty: Option<f32>,
     eos_token_ids: Vec<u32>,
     /// EOS is suppressed while the context (prompt included) is shorter than this.
@@ -46,6 +47,7 @@ impl LogitsProcessor {
             min_p: config.min_p,
         });
         Ok(LogitsProcessor {
+            sequence_bias: config.sequence_bias.clone(),
             repetition_penalty: (config.repetition_penalty != 1.0).then_some(config.repetition_penalty),
             eos_token_ids: config.eos_token_id.clone(),
             min_length: config.min_length_for(prompt_len),
@@ -57,6 +59,9 @@ impl LogitsProcessor {
     /// Processes the logits for the next position. `context` is every token so far, prompt and generated (for a
     /// speculative block: the prompt, accepted tokens and the drafts before this position).
     pub fn process(&self, context: &[u32], logits: &mut [f32]) {
+        if !self.sequence_bias.is_empty() {
+            apply_sequence_bias(logits, context, &self.sequence_bias);
+        }
         if let Some(penalty) = self.repetition_penalty {
             apply_repetition_penalty(logits, context, penalty);
         }
@@ -86,7 +91,8 @@ impl LogitsProcessor {
 
     /// True when [`process`](Self::process) changes nothing for a context of this length, so callers can skip it.
     pub fn is_noop(&self, context_len: usize) -> bool {
-        self.repetition_penalty.is_none()
+        self.sequence_bias.is_empty()
+            && self.repetition_penalty.is_none()
             && (self.eos_token_ids.is_empty() || context_len >= self.min_length)
             && self
                 .warpers
@@ -98,8 +104,31 @@ impl LogitsProcessor {
     /// the prompt): the argmax of the raw logits is the answer at every position.
     pub fn is_identity_for_greedy(&self) -> bool {
         !self.do_sample()
+            && self.sequence_bias.is_empty()
             && self.repetition_penalty.is_none()
             && (self.eos_token_ids.is_empty() || self.min_length <= self.prompt_len)
+    }
+}
+
+/// Transformers' `SequenceBiasLogitsProcessor`: the biases of the sequences that the next token can complete
+/// are summed per token, then added once. Ids outside the vocabulary are ignored (the pipeline refuses them
+/// before generating, with Transformers' error).
+pub fn apply_sequence_bias(logits: &mut [f32], context: &[u32], biases: &[(Vec<u32>, f32)]) {
+    let mut added: Vec<(u32, f32)> = Vec::new();
+    for (seq, bias) in biases {
+        let Some((&last, prefix)) = seq.split_last() else { continue };
+        if prefix.len() > context.len() || !context.ends_with(prefix) {
+            continue;
+        }
+        match added.iter_mut().find(|(t, _)| *t == last) {
+            Some(entry) => entry.1 += bias,
+            None => added.push((last, *bias)),
+        }
+    }
+    for (t, bias) in added {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l += bias;
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::stopping::{FinishReason, StopStrings};
+use super::stopping::{FinishReason, StopHit, StopStrings};
 use crate::error::Result;
 use crate::tokenizer::{TextStream, Tokenizer};
 
@@ -58,6 +58,42 @@ pub struct GenerationOutput {
     pub tokens: Vec<u32>,
     pub finish_reason: FinishReason,
     pub stats: GenerationStats,
+    /// One entry per token of `tokens`, when asked for (see [`Emitter::with_logprobs`]).
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// An emitted token's log-probability under the target's raw distribution at its position (the log-softmax
+/// of the target's logits before any processor, vLLM's default `raw_logprobs`), with the most likely tokens
+/// there. Speculation changes none of it: the verified rows are the rows plain decoding computes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// The `top` most likely tokens and their log-probabilities, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprob {
+    /// `token`'s entry from one row of raw logits `[vocab]`.
+    pub fn from_logits(row: &[f32], token: u32, top: usize) -> Self {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row.iter().map(|&x| f64::from(x - max).exp()).sum();
+        let log_z = max + sum.ln() as f32;
+        let logprob = row.get(token as usize).map_or(f32::NEG_INFINITY, |&x| x - log_z);
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+        if top > 0 {
+            for (i, &x) in row.iter().enumerate() {
+                if best.len() == top && x <= best[top - 1].1 {
+                    continue;
+                }
+                let at = best.partition_point(|&(_, y)| y >= x);
+                best.insert(at, (i as u32, x));
+                best.truncate(top);
+            }
+        }
+        let top = best.into_iter().map(|(t, x)| (t, x - log_z)).collect();
+        TokenLogprob { token, logprob, top }
+    }
 }
 
 /// The growing sequence of one request.
@@ -73,6 +109,15 @@ pub struct Emitter<'t, 's> {
     sink: Option<&'s mut dyn FnMut(&str)>,
     finish: Option<FinishReason>,
     cancel: Option<Arc<AtomicBool>>,
+    /// `(alternatives per token, entries so far)` when log-probabilities are recorded.
+    logprobs: Option<(usize, Vec<TokenLogprob>)>,
+    /// Whether a stop string that ends the generation is cut from the text, with everything after it (OpenAI's
+    /// and vLLM's rule; Transformers keeps it).
+    exclude_stop: bool,
+    /// The prompt's last bytes, where a stop string may begin (see [`Emitter::new`]).
+    prompt_tail: String,
+    /// New text not sent yet because a stop string may begin in it (only while `exclude_stop`).
+    held: String,
 }
 
 impl<'t, 's> Emitter<'t, 's> {
@@ -85,12 +130,14 @@ impl<'t, 's> Emitter<'t, 's> {
         sink: Option<&'s mut dyn FnMut(&str)>,
     ) -> Self {
         let mut stops = StopStrings::new(stop_strings);
+        let mut prompt_tail = String::new();
         if !stops.is_empty() {
             // A stop string may begin in the prompt, as Transformers' `StopStringCriteria` reads the whole
             // sequence; its last tokens hold every byte a stop string could begin with.
             let longest = stops.strings().iter().map(String::len).max().unwrap_or(0);
             let tail = &prompt[prompt.len().saturating_sub(longest)..];
-            stops.prime(&tokenizer.decode(tail, false).unwrap_or_default());
+            prompt_tail = tokenizer.decode(tail, false).unwrap_or_default();
+            stops.prime(&prompt_tail);
         }
         Emitter {
             tokens: prompt.to_vec(),
@@ -103,6 +150,36 @@ impl<'t, 's> Emitter<'t, 's> {
             sink,
             finish: (max_new_tokens == 0).then_some(FinishReason::Length),
             cancel: None,
+            logprobs: None,
+            exclude_stop: false,
+            prompt_tail,
+            held: String::new(),
+        }
+    }
+
+    /// Records each kept token's [`TokenLogprob`] with `top` alternatives (`None`: nothing recorded).
+    pub fn with_logprobs(mut self, top: Option<usize>) -> Self {
+        self.logprobs = top.map(|n| (n, Vec::new()));
+        self
+    }
+
+    /// Cuts the stop string that ends the generation, and what follows it, from the text; text that may be the
+    /// start of a stop string is held back from the sink until it is known not to be.
+    pub fn excluding_stop_strings(mut self, exclude: bool) -> Self {
+        self.exclude_stop = exclude;
+        self
+    }
+
+    /// Whether the decoding loop must hand the raw rows of kept tokens to [`Emitter::record_logprobs`].
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs.is_some()
+    }
+
+    /// Records the log-probabilities of the kept `tokens`; `rows[i]` holds the raw target logits `[vocab]` that
+    /// `tokens[i]` was chosen from.
+    pub fn record_logprobs(&mut self, rows: &[Vec<f32>], tokens: &[u32]) {
+        if let Some((top, out)) = self.logprobs.as_mut() {
+            out.extend(rows.iter().zip(tokens).map(|(row, &t)| TokenLogprob::from_logits(row, t, *top)));
         }
     }
 
@@ -130,14 +207,54 @@ impl<'t, 's> Emitter<'t, 's> {
         self.finish.is_some()
     }
 
-    fn emit(&mut self, chunk: String) {
+    fn send(&mut self, chunk: &str) {
         if chunk.is_empty() {
             return;
         }
         if let Some(sink) = self.sink.as_mut() {
-            sink(&chunk);
+            sink(chunk);
         }
-        self.text.push_str(&chunk);
+        self.text.push_str(chunk);
+    }
+
+    /// Sends new text, holding back (when stop strings are cut) its longest end that some stop string begins
+    /// with, counting the prompt's tail while nothing has been sent.
+    fn emit(&mut self, chunk: &str) {
+        if !self.exclude_stop || self.stops.is_empty() {
+            self.send(chunk);
+            return;
+        }
+        self.held.push_str(chunk);
+        let lead = if self.text.is_empty() { self.prompt_tail.as_str() } else { "" };
+        let seen = format!("{lead}{}", self.held);
+        let keep = self
+            .stops
+            .strings()
+            .iter()
+            .flat_map(|stop| (1..stop.len()).filter(|&k| stop.is_char_boundary(k) && seen.ends_with(&stop[..k])))
+            .max()
+            .unwrap_or(0)
+            .min(self.held.len());
+        let held = std::mem::take(&mut self.held);
+        let (out, rest) = held.split_at(held.len() - keep);
+        self.send(out);
+        self.held = rest.to_string();
+    }
+
+    /// The text of a token that completed `hit`: with stop strings cut, the held text up to where the stop
+    /// string begins is sent and the rest dropped; else the whole piece is sent, as Transformers keeps it.
+    fn emit_stopped(&mut self, chunk: &str, hit: &StopHit) {
+        if !self.exclude_stop {
+            self.send(chunk);
+            return;
+        }
+        let lead = if self.text.is_empty() { self.prompt_tail.len() } else { 0 };
+        let end = lead + self.held.len() + hit.end_in_piece;
+        let start = end.saturating_sub(hit.stop.len()).saturating_sub(lead);
+        let mut held = std::mem::take(&mut self.held);
+        held.push_str(chunk);
+        held.truncate(start.min(held.len()));
+        self.send(&held);
     }
 
     /// Appends `block` token by token and returns how many tokens were kept: all of them, or up to and
@@ -155,10 +272,13 @@ impl<'t, 's> Emitter<'t, 's> {
                 self.finish = Some(FinishReason::Eos);
             } else {
                 let chunk = self.stream.push(t)?;
-                if let Some(hit) = self.stops.push(&chunk) {
-                    self.finish = Some(FinishReason::StopString(hit.stop));
+                match self.stops.push(&chunk) {
+                    Some(hit) => {
+                        self.emit_stopped(&chunk, &hit);
+                        self.finish = Some(FinishReason::StopString(hit.stop));
+                    }
+                    None => self.emit(&chunk),
                 }
-                self.emit(chunk);
             }
             if self.finish.is_none() && self.generated().len() >= self.max_new_tokens {
                 self.finish = Some(FinishReason::Length);
@@ -169,7 +289,12 @@ impl<'t, 's> Emitter<'t, 's> {
         }
         if self.finish.is_some() {
             let rest = self.stream.finish()?;
-            self.emit(rest);
+            let stopped = matches!(self.finish, Some(FinishReason::StopString(_))) && self.exclude_stop;
+            if !stopped {
+                self.emit(&rest);
+                let held = std::mem::take(&mut self.held);
+                self.send(&held);
+            }
         }
         Ok(kept)
     }
@@ -180,6 +305,7 @@ impl<'t, 's> Emitter<'t, 's> {
             tokens: self.tokens[self.prompt_len..].to_vec(),
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
             stats,
+            logprobs: self.logprobs.map(|(_, l)| l),
         }
     }
 }

@@ -87,6 +87,7 @@ pub fn generate_with(
         let mut rows = logits_rows(&out, TARGET, cached + feed.len() - (gamma + 1))?;
 
         let len = emitter.tokens().len();
+        let raw = emitter.wants_logprobs().then(|| rows.clone());
         verifier.process(&processor, emitter.tokens(), drafts, &mut rows);
         let block = Block {
             drafts,
@@ -105,6 +106,9 @@ pub fn generate_with(
         let mut block = drafts[..accepted].to_vec();
         block.push(next);
         let kept = emitter.accept(&block)?;
+        if let Some(raw) = &raw {
+            emitter.record_logprobs(&raw[..kept], &block[..kept]);
+        }
         stats.drafted += gamma;
         // A draft cut by EOS, the budget or a stop string was not used, whatever the verdict.
         let n = kept - 1;
