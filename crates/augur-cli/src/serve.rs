@@ -39,6 +39,17 @@ pub struct ServeArgs {
     /// Read the API key from this file (its first line), so that it stays out of the process list.
     #[arg(long)]
     api_key_file: Option<std::path::PathBuf>,
+    /// Origins browsers may call the API from, comma-separated (`*`: any origin). None by default, so
+    /// browsers refuse cross-origin calls.
+    #[arg(long, value_delimiter = ',')]
+    cors_origins: Vec<String>,
+    /// Tokens per sequence, prompt and completion together (default: the model's context); a request beyond
+    /// it gets 400 `context_length_exceeded`. It also bounds each sequence's KV cache.
+    #[arg(long)]
+    ctx_size: Option<usize>,
+    /// The most new tokens a request may ask for (`max_tokens`); a request that names none gets at most this.
+    #[arg(long)]
+    max_tokens_limit: Option<usize>,
     /// Seconds in-flight requests have to finish after SIGTERM or SIGINT before the server exits.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
@@ -76,20 +87,23 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--api-key must not be empty");
     }
     crate::set_threads(args.threads)?;
-    let pipe = args.speculation.attach_assistant(crate::ui::load_pipeline(args.model.as_deref())?)?;
     let config = ServeConfig {
         host: args.host,
         port: args.port,
         served_model_name: args.served_model_name,
-        aliases: args.model.into_iter().collect(),
+        aliases: args.model.clone().into_iter().collect(),
         parallel: args.parallel,
         queue: args.queue,
         max_body_bytes: args.max_body_bytes,
         max_connections: args.max_connections,
         api_key,
+        cors_origins: args.cors_origins,
+        ctx_size: args.ctx_size,
+        max_tokens_limit: args.max_tokens_limit,
         shutdown_timeout,
         speculation_max_load: args.speculation_max_load,
         speculation: args.speculation.options(),
     };
-    augur_server::serve(pipe, config)
+    let (model, speculation) = (args.model, args.speculation);
+    augur_server::serve(move || speculation.attach_assistant(crate::ui::load_pipeline(model.as_deref())?), config)
 }

@@ -44,14 +44,19 @@ impl Server {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("augur serve starts");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        out.read_line(&mut line).unwrap();
         let addr = line
             .split("http://")
             .nth(1)
             .and_then(|r| r.split_whitespace().next())
             .unwrap_or_else(|| panic!("no address in `{line}`"))
             .to_string();
+        // The port opens before the model loads; the second line says it is loaded.
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        assert!(line.contains("ready"), "augur serve did not get ready: `{line}`");
         Server { child, addr }
     }
 
@@ -248,17 +253,173 @@ fn endpoints_greedy_streaming_and_speculation() {
     let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(streamed, expected["text"].as_str().unwrap());
 
-    // Stop strings cut the text where it first appears.
+    // Stop strings end the text where they first appear, and are cut from it as OpenAI cuts them, in the whole
+    // answer and in the stream; vLLM's `include_stop_str_in_output` keeps them.
     let cut = &text[..text.len() / 2].trim_end().to_string();
     let stop_at = cut.split_whitespace().last().unwrap_or(cut).to_string();
-    let stopped =
-        post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop_at]}))
-            .json();
+    let before = &text[..text.find(&stop_at).unwrap()];
+    let stop_body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": [stop_at]});
+    let stopped = post(a, "/v1/completions", &stop_body).json();
     assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
-    assert!(stopped["choices"][0]["text"].as_str().unwrap().contains(&stop_at));
+    assert_eq!(stopped["choices"][0]["text"], before, "the stop string {stop_at:?} is cut");
+    let mut streamed_stop = stop_body.clone();
+    streamed_stop["stream"] = json!(true);
+    let events = post(a, "/v1/completions", &streamed_stop).events();
+    let streamed: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed, before, "the stream never shows the stop string");
+    let mut kept = stop_body.clone();
+    kept["include_stop_str_in_output"] = json!(true);
+    let kept = post(a, "/v1/completions", &kept).json();
+    let kept_text = kept["choices"][0]["text"].as_str().unwrap();
+    assert!(kept_text.starts_with(before) && kept_text[before.len()..].starts_with(&stop_at), "{kept_text:?}");
 
     assert!(metric(a, "generation_tokens_total") >= 24.0 * 3.0);
     assert!(metric(a, "draft_tokens_total") > 0.0);
+}
+
+/// OpenAI's and vLLM's request fields do what they say: `n` choices (forked sequences, batched), log-probabilities
+/// (the same with speculation), `logit_bias`, `stop_token_ids`, `top_k: -1`, `seed`; `/tokenize` and
+/// `/detokenize`; `--ctx-size`, `--max-tokens-limit` and `--cors-origins`.
+#[test]
+fn openai_fields_are_honoured() {
+    let server = Server::tiny(&["--ctx-size", "128", "--max-tokens-limit", "40", "--cors-origins", "http://app.test"]);
+    let a = server.addr.as_str();
+    let greedy = |extra: Value| {
+        let mut b = json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let r = post(a, "/v1/completions", &b);
+        assert_eq!(r.status, 200, "{b}: {}", r.body);
+        r.json()
+    };
+    let plain = greedy(json!({"logprobs": 2}));
+    let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+    let lp = &plain["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 16, "{lp}");
+    assert!(tokens.iter().all(Value::is_string));
+    for (i, (l, top)) in
+        lp["token_logprobs"].as_array().unwrap().iter().zip(lp["top_logprobs"].as_array().unwrap()).enumerate()
+    {
+        let l = l.as_f64().unwrap();
+        let best = top.as_object().unwrap().values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        assert!(l <= 0.0 && (l - best).abs() < 1e-6, "greedy takes the most likely token at {i}: {l} vs {best}");
+    }
+    // Speculation changes neither the text nor its log-probabilities.
+    let spec = greedy(json!({"logprobs": 2, "speculation": {"method": "prompt_lookup", "prompt_lookup_num_tokens": 4,
+                                                               "cost_aware_drafting": false}}));
+    assert!(spec["usage"]["speculation"]["drafted_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(spec["choices"][0]["text"], text.as_str());
+    for (x, y) in spec["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lp["token_logprobs"].as_array().unwrap())
+    {
+        assert!((x.as_f64().unwrap() - y.as_f64().unwrap()).abs() < 1e-4, "{x} vs {y}");
+    }
+    // Chats report `logprobs.content`, with `top_logprobs` alternatives.
+    let chat = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0,
+                "logprobs": true, "top_logprobs": 3}),
+    )
+    .json();
+    let content = chat["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len() as u64, chat["usage"]["completion_tokens"].as_u64().unwrap());
+    assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
+    assert!(content[0]["bytes"].is_array());
+
+    // `n`: greedy choices all equal the single answer; seeded sampled choices are each reproducible.
+    let two = greedy(json!({"n": 2}));
+    assert_eq!(two["choices"].as_array().unwrap().len(), 2);
+    assert!(two["choices"].as_array().unwrap().iter().all(|c| c["text"] == text.as_str()));
+    assert_eq!(two["choices"][1]["index"], 1);
+    assert_eq!(two["usage"]["completion_tokens"], 32);
+    let sampled = |n: u64| greedy(json!({"n": n, "temperature": 1.0, "seed": 11, "top_k": -1}));
+    let (s2, s1) = (sampled(2), sampled(1));
+    assert_eq!(s2["choices"][0]["text"], s1["choices"][0]["text"], "choice 0 draws from the request's seed");
+    assert_eq!(
+        s2,
+        {
+            let mut again = sampled(2);
+            again["id"] = s2["id"].clone();
+            again["created"] = s2["created"].clone();
+            again["usage"] = s2["usage"].clone();
+            again
+        },
+        "seeded choices repeat"
+    );
+    let streamed = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "n": 2, "stream": true}),
+    );
+    let mut per_choice = [String::new(), String::new()];
+    for e in streamed.events().iter().filter(|e| *e != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        per_choice[c["choices"][0]["index"].as_u64().unwrap() as usize]
+            .push_str(c["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(per_choice[0], per_choice[1]);
+    assert!(text.starts_with(&per_choice[0]) && !per_choice[0].is_empty());
+
+    // `logit_bias` bans the greedy first token; `stop_token_ids` ends the text at a token of it.
+    let ids = post(a, "/tokenize", &json!({"prompt": text, "add_special_tokens": false})).json();
+    let ids: Vec<u64> = ids["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    let first = greedy(json!({"max_tokens": 1, "logprobs": 0}));
+    let first_text = first["choices"][0]["logprobs"]["tokens"][0].as_str().unwrap().to_string();
+    let first_id = post(a, "/tokenize", &json!({"prompt": first_text, "add_special_tokens": false})).json()["tokens"]
+        [0]
+    .as_u64()
+    .unwrap();
+    let banned = greedy(json!({"logit_bias": {first_id.to_string(): -100}}));
+    assert!(!banned["choices"][0]["text"].as_str().unwrap().starts_with(&first_text), "{banned}");
+    let stop_id = ids[3];
+    let stopped = greedy(json!({"stop_token_ids": [stop_id]}));
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    assert!(stopped["usage"]["completion_tokens"].as_u64().unwrap() <= 4, "{stopped}");
+
+    // /tokenize and /detokenize (vLLM's and llama.cpp's field names) round-trip.
+    let t = post(a, "/tokenize", &json!({"content": "hello world"})).json();
+    assert_eq!(
+        (t["count"].clone(), t["max_model_len"].clone()),
+        (json!(t["tokens"].as_array().unwrap().len()), json!(128))
+    );
+    let d = post(a, "/detokenize", &json!({"tokens": t["tokens"]})).json();
+    assert_eq!((d["prompt"].as_str(), d["content"].as_str()), (Some("hello world"), Some("hello world")));
+    let chat_ids = post(a, "/tokenize", &json!({"messages": [{"role": "user", "content": "hi"}]})).json();
+    assert_eq!(chat_ids["count"], chat["usage"]["prompt_tokens"]);
+    assert_error(&post(a, "/detokenize", &json!({"tokens": [99999999]})), 400, None);
+    assert_error(&post(a, "/tokenize", &json!({"text": "x"})), 400, None);
+
+    // --ctx-size caps prompt plus completion; --max-tokens-limit caps max_tokens.
+    let r = post(a, "/v1/completions", &json!({"prompt": "word ".repeat(130), "max_tokens": 1}));
+    assert_error(&r, 400, Some("context_length_exceeded"));
+    let r = post(a, "/v1/completions", &json!({"prompt": "a", "max_tokens": 41}));
+    assert_error(&r, 400, None);
+    assert_eq!(r.json()["error"]["param"], "max_tokens");
+    let unbounded =
+        post(a, "/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "ignore_eos": true}))
+            .json();
+    assert_eq!(unbounded["usage"]["completion_tokens"], 40, "a chat without max_tokens gets the limit");
+
+    // CORS: the listed origin is allowed, preflight included (no API key needed for it); others get no header.
+    let pre = request_with(
+        a,
+        "OPTIONS",
+        "/v1/completions",
+        "",
+        "Origin: http://app.test\r\nAccess-Control-Request-Method: POST\r\n",
+    );
+    assert!(pre.status < 300, "{}", pre.head);
+    assert!(pre.head.to_ascii_lowercase().contains("access-control-allow-origin: http://app.test"), "{}", pre.head);
+    let other = request_with(a, "GET", "/v1/models", "", "Origin: http://evil.test\r\n");
+    assert!(!other.head.to_ascii_lowercase().contains("access-control-allow-origin"), "{}", other.head);
 }
 
 #[test]
@@ -289,7 +450,21 @@ fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     );
     assert_eq!((huge.status, huge.json()["error"]["param"].clone()), (400, json!("max_tokens")), "{}", huge.body);
     assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "temperature": -1})), 400, None);
-    assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "n": 3})), 400, None);
+    // `n` choices are sequences of their own: more than the server runs at once cannot start together.
+    let too_many_choices = post(a, "/v1/completions", &json!({"prompt": "a", "n": 5}));
+    assert_error(&too_many_choices, 400, None);
+    assert_eq!(too_many_choices.json()["error"]["param"], "n");
+    for (body, param) in [
+        (json!({"prompt": "a", "response_format": {"type": "json_object"}}), "response_format"),
+        (json!({"prompt": "a", "presence_penalty": 1}), "presence_penalty"),
+        (json!({"prompt": "a", "logit_bias": {"99999999": 3}}), "logit_bias"),
+        (json!({"prompt": "a", "stop_token_ids": [99999999]}), "stop_token_ids[0]"),
+        (json!({"prompt": "a", "unheard_of": true}), "unheard_of"),
+    ] {
+        let r = post(a, "/v1/completions", &body);
+        assert_error(&r, 400, None);
+        assert_eq!(r.json()["error"]["param"], param, "{body}");
+    }
     assert_error(&post(a, "/v1/completions", &json!({"prompt": "a", "top_p": 7.0, "temperature": 1})), 400, None);
     assert_error(&request(a, "GET", "/v1/nothing", ""), 404, None);
     assert_error(&request(a, "GET", "/v1/completions", ""), 405, None);

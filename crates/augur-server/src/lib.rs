@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
@@ -30,7 +30,7 @@ use augur::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -38,6 +38,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use api::{ApiError, CompletionRequest, Meta, Speculation};
 use metrics::Metrics;
@@ -63,6 +64,12 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
+    /// Origins a browser may call from (`*`: any); empty: no CORS headers, so browsers refuse cross-origin calls.
+    pub cors_origins: Vec<String>,
+    /// Tokens per sequence, prompt and completion together (default and maximum: the model's context).
+    pub ctx_size: Option<usize>,
+    /// The most new tokens a request may ask for, and what a request that names none gets at most.
+    pub max_tokens_limit: Option<usize>,
     /// After SIGTERM or SIGINT, how long in-flight requests may take before the process exits anyway.
     pub shutdown_timeout: Duration,
     /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
@@ -84,6 +91,9 @@ impl Default for ServeConfig {
             max_body_bytes: 1 << 20,
             max_connections: 512,
             api_key: None,
+            cors_origins: Vec::new(),
+            ctx_size: None,
+            max_tokens_limit: None,
             shutdown_timeout: Duration::from_secs(30),
             speculation_max_load: 2,
             speculation: GenerationOptions::default(),
@@ -102,27 +112,29 @@ struct Scheduler {
     running: Arc<AtomicUsize>,
 }
 
-struct Permit<'a>(&'a Scheduler);
+/// `n` slots, given back on drop.
+struct Permit<'a>(&'a Scheduler, usize);
 
 impl Scheduler {
     fn state(&self) -> MutexGuard<'_, (usize, usize)> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Waits for a slot, or returns `None` at once when the queue is full.
-    fn admit(&self) -> Option<Permit<'_>> {
+    /// Waits for `n` slots at once (a request's choices start together, and no request holds slots while it
+    /// waits for more), or returns `None` at once when the queue is full. `n` is at most `slots`.
+    fn admit(&self, n: usize) -> Option<Permit<'_>> {
         let mut s = self.state();
-        if s.0 >= self.slots && s.1 >= self.queue {
+        if s.0 + n > self.slots && s.1 >= self.queue {
             return None;
         }
         s.1 += 1;
-        while s.0 >= self.slots {
+        while s.0 + n > self.slots {
             s = self.freed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
         s.1 -= 1;
-        s.0 += 1;
+        s.0 += n;
         self.running.store(s.0, Ordering::Relaxed);
-        Some(Permit(self))
+        Some(Permit(self, n))
     }
 
     fn gauges(&self) -> (usize, usize) {
@@ -133,12 +145,13 @@ impl Scheduler {
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         let mut s = self.0.state();
-        s.0 -= 1;
+        s.0 -= self.1;
         self.0.running.store(s.0, Ordering::Relaxed);
-        self.0.freed.notify_one();
+        self.0.freed.notify_all();
     }
 }
 
+/// The loaded model and what requests need of it.
 struct Server {
     model_id: String,
     /// Other names a request may use for the model (its path, the name it was loaded by).
@@ -147,16 +160,53 @@ struct Server {
     /// Idle sequences (forks of `template`) kept with their cache buffers.
     idle: Mutex<Vec<Pipeline>>,
     tokenizer: Arc<Tokenizer>,
+    /// Tokens per sequence: the model's context, or `--ctx-size` below it.
     context: usize,
+    vocab_size: usize,
+    /// The model's end-of-sequence ids, which `stop_token_ids` join.
+    eos: Vec<u32>,
+    max_tokens_limit: Option<usize>,
     has_assistant: bool,
     /// The default speculation options.
     speculation: GenerationOptions,
     speculation_max_load: usize,
     scheduler: Scheduler,
-    metrics: Metrics,
-    api_key: Option<String>,
     next_id: AtomicU64,
     started: u64,
+}
+
+impl Server {
+    /// A request's `model`, when it names one, must be this server's (its id, path or the name it was loaded by).
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.model_id && !self.aliases.iter().any(|a| a == m) => Err(ApiError::param(
+                "model",
+                format!("The model `{m}` does not exist (this server has `{}`)", self.model_id),
+            )
+            .with(404, "invalid_request_error", "model_not_found")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What every handler shares: the model once it is loaded, and what the server does before that.
+struct App {
+    server: OnceLock<Arc<Server>>,
+    metrics: Metrics,
+    api_key: Option<String>,
+}
+
+impl App {
+    /// The loaded model, or the 503 a client gets while it loads.
+    fn ready(&self) -> Result<&Arc<Server>, ApiError> {
+        self.server.get().ok_or_else(|| {
+            ApiError::bad("the model is still loading; retry when GET /health answers 200").with(
+                503,
+                "server_error",
+                "model_loading",
+            )
+        })
+    }
 }
 
 fn now() -> u64 {
@@ -167,25 +217,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Serves `pipe` until SIGTERM or SIGINT. Each request runs on a fork of it.
-pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
-    if config.parallel == 0 {
-        anyhow::bail!("the server needs at least one parallel sequence");
-    }
-    if config.max_connections == 0 {
-        anyhow::bail!("the server needs to accept at least one connection");
-    }
+fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
     // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
     let first = pipe.fork()?;
     let path = pipe.target.path.clone();
     let model_id = config.served_model_name.clone().unwrap_or_else(|| {
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
     });
-    let server = Arc::new(Server {
+    let model_context = pipe.target.config().max_position_embeddings;
+    let context = match config.ctx_size {
+        Some(0) => anyhow::bail!("--ctx-size must be at least 1"),
+        Some(c) if c > model_context => {
+            anyhow::bail!("--ctx-size {c} is beyond the model's context of {model_context} tokens")
+        }
+        Some(c) => c,
+        None => model_context,
+    };
+    Ok(Server {
         aliases: config.aliases.iter().cloned().chain([path.display().to_string()]).collect(),
         model_id,
         tokenizer: Arc::clone(&pipe.target.tokenizer),
-        context: pipe.target.config().max_position_embeddings,
+        context,
+        vocab_size: pipe.target.config().vocab_size,
+        eos: pipe.resolve_config(&config.speculation).eos_token_id,
+        max_tokens_limit: config.max_tokens_limit,
         has_assistant: pipe.assistant.is_some(),
         idle: Mutex::new(vec![first]),
         template: Mutex::new(pipe),
@@ -198,10 +253,25 @@ pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
             freed: Condvar::new(),
             running: Arc::new(AtomicUsize::new(0)),
         },
-        metrics: Metrics::default(),
-        api_key: config.api_key.clone().filter(|k| !k.is_empty()),
         next_id: AtomicU64::new(1),
         started: now(),
+    })
+}
+
+/// Listens at once, loads the model with `load` (`/health` answers 503 until it is loaded), then serves until
+/// SIGTERM or SIGINT. Each request runs on a fork of the loaded pipeline. A model that fails to load ends the
+/// server with that error.
+pub fn serve(load: impl FnOnce() -> Result<Pipeline> + Send + 'static, config: ServeConfig) -> Result<()> {
+    if config.parallel == 0 {
+        anyhow::bail!("the server needs at least one parallel sequence");
+    }
+    if config.max_connections == 0 {
+        anyhow::bail!("the server needs to accept at least one connection");
+    }
+    let app = Arc::new(App {
+        server: OnceLock::new(),
+        metrics: Metrics::default(),
+        api_key: config.api_key.clone().filter(|k| !k.is_empty()),
     });
     // The HTTP side only parses, waits and writes; two threads are plenty beside the model's.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -210,28 +280,50 @@ pub fn serve(pipe: Pipeline, config: ServeConfig) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run(server, config))?;
+    runtime.block_on(run(app, config, load))?;
     // Sequences still running past the shutdown deadline are abandoned, not awaited.
     runtime.shutdown_background();
     Ok(())
 }
 
-async fn run(server: Arc<Server>, config: ServeConfig) -> Result<()> {
+async fn run(
+    app: Arc<App>,
+    config: ServeConfig,
+    load: impl FnOnce() -> Result<Pipeline> + Send + 'static,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::bind((config.host.as_str(), config.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
     let addr = listener.local_addr()?;
-    println!("augur serve: listening on http://{addr} (model `{}`)", server.model_id);
+    println!("augur serve: listening on http://{addr} (loading the model; /health answers 503 until it is loaded)");
     use std::io::Write;
     std::io::stdout().flush()?;
-    let app = router(server, config.max_body_bytes);
+    let router = router(Arc::clone(&app), &config)?;
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = {
         let stop = Arc::clone(&stop);
         async move { stop.notified().await }
     };
-    let serving = axum::serve(net::Capped::new(listener, config.max_connections), app).with_graceful_shutdown(stopped);
+    let serving =
+        axum::serve(net::Capped::new(listener, config.max_connections), router).with_graceful_shutdown(stopped);
     let mut serving = std::pin::pin!(serving.into_future());
+    let loading = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || load_server(load()?, &config))
+    };
+    tokio::select! {
+        r = &mut serving => return r.context("the server failed"),
+        () = signal() => {
+            eprintln!("augur serve: stopped while the model was loading");
+            return Ok(());
+        }
+        loaded = loading => {
+            let server = loaded.context("the model loader panicked")??;
+            println!("augur serve: model `{}` loaded; ready", server.model_id);
+            std::io::stdout().flush()?;
+            let _ = app.server.set(Arc::new(server));
+        }
+    }
     tokio::select! {
         r = &mut serving => return r.context("the server failed"),
         () = signal() => {}
@@ -267,19 +359,42 @@ async fn signal() {
     }
 }
 
-type Shared = Arc<Server>;
+type Shared = Arc<App>;
 
-fn router(server: Shared, max_body: usize) -> Router {
-    Router::new()
+fn cors(origins: &[String]) -> Result<CorsLayer> {
+    let layer = CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .max_age(Duration::from_secs(3600));
+    if origins.iter().any(|o| o == "*") {
+        return Ok(layer.allow_origin(AllowOrigin::any()));
+    }
+    let list = origins
+        .iter()
+        .map(|o| {
+            header::HeaderValue::from_str(o).with_context(|| format!("--cors-origins: `{o}` is not a valid origin"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(layer.allow_origin(list))
+}
+
+fn router(app: Shared, config: &ServeConfig) -> Result<Router> {
+    let mut router = Router::new()
         .route("/health", get(health).fallback(not_allowed))
         .route("/v1/models", get(models).fallback(not_allowed))
         .route("/metrics", get(metrics_text).fallback(not_allowed))
+        .route("/tokenize", post(tokenize).fallback(not_allowed))
+        .route("/detokenize", post(detokenize).fallback(not_allowed))
         .route("/v1/completions", post(completions).fallback(not_allowed))
         .route("/v1/chat/completions", post(chat_completions).fallback(not_allowed))
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(middleware::from_fn_with_state(Arc::clone(&server), guard))
-        .with_state(server)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), guard));
+    // Outside the key check, so that a browser's preflight (which carries no key) is answered.
+    if !config.cors_origins.is_empty() {
+        router = router.layer(cors(&config.cors_origins)?);
+    }
+    Ok(router.with_state(app))
 }
 
 fn error(e: ApiError) -> Response {
@@ -307,8 +422,8 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
 }
 
 /// The API key (every endpoint but `/health`), and the count of answers by status.
-async fn guard(State(server): State<Shared>, req: Request, next: Next) -> Response {
-    let response = match &server.api_key {
+async fn guard(State(app): State<Shared>, req: Request, next: Next) -> Response {
+    let response = match &app.api_key {
         Some(key) if req.uri().path() != "/health" && !authorized(req.headers(), key) => {
             let mut r = error(ApiError::bad("a valid API key is needed: `Authorization: Bearer <key>`").with(
                 401,
@@ -320,23 +435,37 @@ async fn guard(State(server): State<Shared>, req: Request, next: Next) -> Respon
         }
         _ => next.run(req).await,
     };
-    server.metrics.request(response.status().as_u16());
+    app.metrics.request(response.status().as_u16());
     response
 }
 
-async fn health() -> Response {
-    json_reply(json!({"status": "ok"}))
+/// 200 once the model is loaded, 503 while it loads (a load balancer's readiness check).
+async fn health(State(app): State<Shared>) -> Response {
+    match app.ready() {
+        Ok(_) => json_reply(json!({"status": "ok"})),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({"status": "loading"}).to_string(),
+        )
+            .into_response(),
+    }
 }
 
-async fn models(State(server): State<Shared>) -> Response {
+async fn models(State(app): State<Shared>) -> Response {
+    let server = match app.ready() {
+        Ok(s) => s,
+        Err(e) => return error(e),
+    };
     json_reply(json!({"object": "list", "data": [
-        {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "augur"}
+        {"id": server.model_id, "object": "model", "created": server.started, "owned_by": "augur",
+         "max_model_len": server.context}
     ]}))
 }
 
-async fn metrics_text(State(server): State<Shared>) -> Response {
-    let (active, queued) = server.scheduler.gauges();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], server.metrics.render(active, queued)).into_response()
+async fn metrics_text(State(app): State<Shared>) -> Response {
+    let (active, queued) = app.server.get().map_or((0, 0), |s| s.scheduler.gauges());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render(active, queued)).into_response()
 }
 
 async fn not_allowed(req: Request) -> Response {
@@ -355,20 +484,71 @@ async fn not_found(req: Request) -> Response {
     ))
 }
 
-async fn completions(State(server): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    complete(server, body, false).await
+/// The body, or the error its rejection (too large, unreadable) is answered with.
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "bad_body" };
+        ApiError::bad(r.body_text()).with(r.status().as_u16(), "invalid_request_error", code)
+    })
 }
 
-async fn chat_completions(State(server): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    complete(server, body, true).await
+/// `/tokenize`, in vLLM's shape (`prompt` or `messages`, `add_special_tokens`, `add_generation_prompt`) and
+/// llama.cpp's (`content`, `add_special`): the ids, their count and the context.
+async fn tokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> Result<serde_json::Value, ApiError> {
+        let server = app.ready()?;
+        let b: api::TokenizeBody = api::typed(&body_bytes(body)?)?;
+        server.check_model(b.model.as_deref())?;
+        let ids = match (b.prompt.or(b.content), b.messages) {
+            (Some(text), None) => {
+                server.tokenizer.encode(&text, b.add_special_tokens.or(b.add_special).unwrap_or(true))
+            }
+            (None, Some(messages)) => {
+                let messages = api::chat_messages(messages)?;
+                server.tokenizer.encode_chat(&messages, b.add_generation_prompt.unwrap_or(true))
+            }
+            _ => return Err(ApiError::bad("`/tokenize` takes one of `prompt` (or `content`) and `messages`")),
+        }
+        .map_err(|e| ApiError::bad(e.to_string()))?;
+        Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": server.context}))
+    };
+    run().map_or_else(error, json_reply)
+}
+
+/// `/detokenize`: `{"tokens": [ids]}` → the text, as vLLM's `prompt` and llama.cpp's `content`.
+async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> Result<serde_json::Value, ApiError> {
+        let server = app.ready()?;
+        let b: api::DetokenizeBody = api::typed(&body_bytes(body)?)?;
+        server.check_model(b.model.as_deref())?;
+        if let Some(i) = b.tokens.iter().position(|&t| t as usize >= server.vocab_size) {
+            return Err(ApiError::param(
+                format!("tokens[{i}]"),
+                format!("token id {} is beyond the vocabulary of {} tokens", b.tokens[i], server.vocab_size),
+            ));
+        }
+        let text = server.tokenizer.decode(&b.tokens, false).map_err(|e| ApiError::bad(e.to_string()))?;
+        Ok(json!({"prompt": text, "content": text}))
+    };
+    run().map_or_else(error, json_reply)
+}
+
+async fn completions(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    complete(app, body, false).await
+}
+
+async fn chat_completions(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
+    complete(app, body, true).await
 }
 
 /// What a sequence's thread tells its handler.
 enum Msg {
     /// Admitted and forked: the answer starts.
     Started(Meta),
-    Text(String),
-    Done(augur::Result<GenerationOutput>),
+    /// New text of choice `.0`.
+    Text(usize, String),
+    /// Every choice's output, in order.
+    Done(Vec<augur::Result<GenerationOutput>>),
     /// Refused before it started (bad options, queue full).
     Refused(ApiError),
 }
@@ -395,25 +575,31 @@ fn generation_error(e: augur::Error) -> ApiError {
     }
 }
 
+/// Every choice's output, or the first error.
+fn outputs(results: Vec<augur::Result<GenerationOutput>>) -> Result<Vec<GenerationOutput>, ApiError> {
+    results.into_iter().map(|r| r.map_err(generation_error)).collect()
+}
+
 /// Parses the request here, then runs it on a thread of its own and answers it, whole or as server-sent events.
-async fn complete(server: Shared, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
-    let body = match body {
+async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+    let server = match app.ready() {
+        Ok(s) => Arc::clone(s),
+        Err(e) => return error(e),
+    };
+    let body = match body_bytes(body) {
         Ok(b) => b,
-        Err(r) => {
-            let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "bad_body" };
-            return error(ApiError::bad(r.body_text()).with(r.status().as_u16(), "invalid_request_error", code));
-        }
+        Err(e) => return error(e),
     };
     let req = match api::parse(&body, chat) {
         Ok(r) => r,
         Err(e) => return error(e),
     };
-    let (stream, include_usage) = (req.stream, req.include_usage);
+    let (stream, include_usage, n, logprobs) = (req.stream, req.include_usage, req.n, req.logprobs);
     let cancel = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = unbounded_channel();
     let worker = {
-        let (server, cancel) = (Arc::clone(&server), Arc::clone(&cancel));
-        move || sequence(&server, req, cancel, tx)
+        let (app, server, cancel) = (Arc::clone(&app), Arc::clone(&server), Arc::clone(&cancel));
+        move || sequence(&app, &server, req, cancel, tx)
     };
     if let Err(e) = std::thread::Builder::new().name("augur-seq".into()).spawn(worker) {
         return error(internal(&format!("cannot start a sequence thread: {e}")));
@@ -425,21 +611,39 @@ async fn complete(server: Shared, body: Result<Bytes, BytesRejection>, chat: boo
         _ => return error(internal("the sequence ended before it started")),
     };
     if stream {
-        let events = Events { rx, _guard: guard, meta, chat, include_usage, first: true, queue: VecDeque::new() };
+        let events =
+            Events { rx, _guard: guard, meta, chat, include_usage, first: vec![true; n], queue: VecDeque::new() };
         return events.into_response();
     }
     loop {
         match rx.recv().await {
-            Some(Msg::Text(_)) => {}
-            Some(Msg::Done(Ok(o))) => return json_reply(api::response(&meta, chat, &o.text, &o)),
-            Some(Msg::Done(Err(e))) => return error(generation_error(e)),
+            Some(Msg::Text(..)) => {}
+            Some(Msg::Done(results)) => {
+                let outs = match outputs(results) {
+                    Ok(o) => o,
+                    Err(e) => return error(e),
+                };
+                let choices: Vec<api::Choice<'_>> = outs
+                    .iter()
+                    .map(|o| api::Choice {
+                        text: &o.text,
+                        out: o,
+                        logprobs: match (&o.logprobs, logprobs) {
+                            (Some(l), Some(_)) => api::logprobs(&server.tokenizer, chat, l),
+                            _ => serde_json::Value::Null,
+                        },
+                    })
+                    .collect();
+                return json_reply(api::response(&meta, chat, &choices, &outs));
+            }
             _ => return error(internal("the sequence ended without an answer")),
         }
     }
 }
 
-/// A request's sequence: checks, admission, a fork, the generation; every step reported through `tx`.
-fn sequence(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx: UnboundedSender<Msg>) {
+/// A request's sequences: checks, admission, a fork per choice, the generations (on threads of their own when
+/// `n` > 1, so that their forwards batch); every step reported through `tx`.
+fn sequence(app: &App, server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx: UnboundedSender<Msg>) {
     let job = match prepare(server, req, Arc::clone(&cancel)) {
         Ok(j) => j,
         Err(e) => {
@@ -447,7 +651,8 @@ fn sequence(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx
             return;
         }
     };
-    let Some(permit) = server.scheduler.admit() else {
+    let n = job.req.n;
+    let Some(permit) = server.scheduler.admit(n) else {
         let e = ApiError::bad(format!(
             "the server is busy: {} sequences running and {} waiting; retry later",
             server.scheduler.slots, server.scheduler.queue
@@ -459,14 +664,18 @@ fn sequence(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx
     if cancel.load(Ordering::Relaxed) {
         return; // the client left while it waited
     }
-    let idle = lock(&server.idle).pop();
-    let mut pipe = match idle.map_or_else(|| lock(&server.template).fork(), Ok) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = tx.send(Msg::Refused(ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed")));
-            return;
+    let mut pipes = Vec::with_capacity(n);
+    for _ in 0..n {
+        let idle = lock(&server.idle).pop();
+        match idle.map_or_else(|| lock(&server.template).fork(), Ok) {
+            Ok(p) => pipes.push(p),
+            Err(e) => {
+                lock(&server.idle).extend(pipes);
+                let _ = tx.send(Msg::Refused(ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed")));
+                return;
+            }
         }
-    };
+    }
     let chat = job.req.chat;
     let meta = Meta {
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, server.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -474,29 +683,45 @@ fn sequence(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx
         model: server.model_id.clone(),
     };
     let _ = tx.send(Msg::Started(meta));
-    let mut sink = |text: &str| {
-        if tx.send(Msg::Text(text.to_string())).is_err() {
-            cancel.store(true, Ordering::Relaxed);
-        }
+    let run = |index: usize, pipe: &mut Pipeline| {
+        let mut sink = |text: &str| {
+            if tx.send(Msg::Text(index, text.to_string())).is_err() {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        };
+        pipe.call(&job.req.prompt, &job.call_for(index), Some(&mut sink))
     };
-    let result = pipe.call(&job.req.prompt, &job.call, Some(&mut sink));
-    lock(&server.idle).push(pipe);
+    let results: Vec<augur::Result<GenerationOutput>> = if n == 1 {
+        vec![run(0, &mut pipes[0])]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = pipes.iter_mut().enumerate().map(|(i, p)| s.spawn(move || run(i, p))).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| Err(augur::Error::Generation("a choice's thread panicked".into())))
+                })
+                .collect()
+        })
+    };
+    lock(&server.idle).extend(pipes);
     drop(permit);
-    if let Ok(o) = &result {
-        server.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled);
+    for o in results.iter().flatten() {
+        app.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled);
     }
-    let _ = tx.send(Msg::Done(result));
+    let _ = tx.send(Msg::Done(results));
 }
 
-/// A streamed answer: its chunks as the sequence accepts them, then the finish reason, the usage if asked, and
-/// `[DONE]`; an error mid-stream is one last event.
+/// A streamed answer: each choice's chunks as its sequence accepts them, then each choice's finish reason, the
+/// usage if asked, and `[DONE]`; an error mid-stream is one last event.
 struct Events {
     rx: UnboundedReceiver<Msg>,
     _guard: CancelOnDrop,
     meta: Meta,
     chat: bool,
     include_usage: bool,
-    first: bool,
+    /// Per choice: whether its next chunk is its first (chats send the role then).
+    first: Vec<bool>,
     /// Payloads ready to send; `None` ends the stream.
     queue: VecDeque<Option<String>>,
 }
@@ -504,8 +729,10 @@ struct Events {
 impl Events {
     fn into_response(mut self) -> Response {
         if self.chat {
-            self.queue.push_back(Some(api::chunk(&self.meta, true, Some(""), true, None).to_string()));
-            self.first = false;
+            for (i, first) in self.first.iter_mut().enumerate() {
+                self.queue.push_back(Some(api::chunk(&self.meta, true, i, Some(""), true, None).to_string()));
+                *first = false;
+            }
         }
         let stream = futures_util::stream::unfold(self, |mut st| async move {
             loop {
@@ -516,19 +743,24 @@ impl Events {
                 }
                 let (meta, chat) = (&st.meta, st.chat);
                 match st.rx.recv().await {
-                    Some(Msg::Text(t)) => {
-                        st.queue.push_back(Some(api::chunk(meta, chat, Some(&t), st.first, None).to_string()));
-                        st.first = false;
+                    Some(Msg::Text(i, t)) => {
+                        let first = std::mem::replace(&mut st.first[i], false);
+                        st.queue.push_back(Some(api::chunk(meta, chat, i, Some(&t), first, None).to_string()));
                     }
-                    Some(Msg::Done(Ok(o))) => {
-                        let reason = api::finish_reason(&o.finish_reason);
-                        st.queue.push_back(Some(api::chunk(meta, chat, None, false, Some(reason)).to_string()));
-                        if st.include_usage {
-                            st.queue.push_back(Some(api::usage_chunk(meta, chat, &o).to_string()));
+                    Some(Msg::Done(results)) => match outputs(results) {
+                        Ok(outs) => {
+                            for (i, o) in outs.iter().enumerate() {
+                                let reason = api::finish_reason(&o.finish_reason);
+                                st.queue
+                                    .push_back(Some(api::chunk(meta, chat, i, None, false, Some(reason)).to_string()));
+                            }
+                            if st.include_usage {
+                                st.queue.push_back(Some(api::usage_chunk(meta, chat, &outs).to_string()));
+                            }
+                            st.queue.extend([Some("[DONE]".to_string()), None]);
                         }
-                        st.queue.extend([Some("[DONE]".to_string()), None]);
-                    }
-                    Some(Msg::Done(Err(e))) => st.queue.extend([Some(generation_error(e).body()), None]),
+                        Err(e) => st.queue.extend([Some(e.body()), None]),
+                    },
                     _ => return None,
                 }
             }
@@ -543,16 +775,39 @@ struct Job {
     call: CallOptions,
 }
 
+impl Job {
+    /// Choice `index`'s options: with a seed, choice i draws from seed + i, so that choices differ and each
+    /// is reproducible.
+    fn call_for(&self, index: usize) -> CallOptions {
+        let mut call = self.call.clone();
+        if let Some(seed) = call.generation.seed.as_mut() {
+            *seed = seed.wrapping_add(index as u64);
+        }
+        call
+    }
+}
+
 /// Checks the model, the speculation and the token budget before the request takes a slot.
 fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> Result<Job, ApiError> {
-    if let Some(m) = &req.model {
-        if *m != server.model_id && !server.aliases.contains(m) {
-            return Err(ApiError::param(
-                "model",
-                format!("The model `{m}` does not exist (this server has `{}`)", server.model_id),
-            )
-            .with(404, "invalid_request_error", "model_not_found"));
-        }
+    server.check_model(req.model.as_deref())?;
+    if req.n > server.scheduler.slots {
+        return Err(ApiError::param(
+            "n",
+            format!("`n` is {} but this server runs at most {} sequences at once", req.n, server.scheduler.slots),
+        ));
+    }
+    let beyond = |ids: &[u32]| ids.iter().position(|&t| t as usize >= server.vocab_size);
+    if let Some(i) = beyond(&req.stop_token_ids) {
+        return Err(ApiError::param(
+            format!("stop_token_ids[{i}]"),
+            format!("token id {} is beyond the vocabulary of {} tokens", req.stop_token_ids[i], server.vocab_size),
+        ));
+    }
+    if let Some((ids, _)) = req.options.sequence_bias.iter().flatten().find(|(ids, _)| beyond(ids).is_some()) {
+        return Err(ApiError::param(
+            "logit_bias",
+            format!("token id {} is beyond the vocabulary of {} tokens", ids[0], server.vocab_size),
+        ));
     }
     let mut generation = req.options.clone();
     let mut method = None;
@@ -570,6 +825,11 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
             method = Some(*name);
         }
     }
+    if req.ignore_eos || !req.stop_token_ids.is_empty() {
+        let mut eos = if req.ignore_eos { Vec::new() } else { server.eos.clone() };
+        eos.extend(req.stop_token_ids.iter().filter(|t| !server.eos.contains(t) || req.ignore_eos));
+        generation.eos_token_id = Some(eos);
+    }
     let prompt_tokens = match &req.prompt {
         Prompt::Text(t) => server.tokenizer.encode(t, true),
         Prompt::Chat(m) => server.tokenizer.encode_chat(m, true),
@@ -579,10 +839,19 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
     if prompt_tokens == 0 {
         return Err(ApiError::param("prompt", "the prompt is empty (no tokens)"));
     }
-    let budget = server.context.saturating_sub(prompt_tokens);
-    // OpenAI's defaults: 16 tokens for completions, the rest of the context for chats.
     let asked = generation.max_new_tokens;
-    let max_new = asked.unwrap_or(if req.chat { budget } else { 16.min(budget) });
+    if let (Some(n), Some(limit)) = (asked, server.max_tokens_limit) {
+        if n > limit {
+            return Err(ApiError::param(
+                "max_tokens",
+                format!("`max_tokens` is {n} but this server allows at most {limit} new tokens per request"),
+            ));
+        }
+    }
+    let budget = server.context.saturating_sub(prompt_tokens);
+    // OpenAI's defaults: 16 tokens for completions, the rest of the context for chats; never past the limit.
+    let default = if req.chat { budget } else { 16.min(budget) };
+    let max_new = asked.unwrap_or_else(|| server.max_tokens_limit.map_or(default, |l| l.min(default)));
     let total = prompt_tokens.checked_add(max_new);
     if total.is_none_or(|t| t > server.context) || budget == 0 {
         let param = match asked {
@@ -603,6 +872,7 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         .with(400, "invalid_request_error", "context_length_exceeded"));
     }
     generation.max_new_tokens = Some(max_new);
+    api::check_knobs(&generation)?;
     let backoff =
         BackoffPolicy { running: Arc::clone(&server.scheduler.running), max_load: server.speculation_max_load };
     let call = CallOptions {
@@ -612,6 +882,8 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         cancel: Some(cancel),
         backoff: Some(backoff),
         method,
+        logprobs: req.logprobs.map(|l| l.top),
+        include_stop_str_in_output: Some(req.include_stop),
     };
     Ok(Job { req, call })
 }
