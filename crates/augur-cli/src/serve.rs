@@ -2,9 +2,29 @@
 
 use anyhow::{Context, Result};
 use augur_server::ServeConfig;
-use clap::Args;
+use clap::{Args, ValueEnum};
+use std::io::IsTerminal;
 
 use crate::speculation::SpeculationArgs;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs at INFO to standard error (colours only on a terminal).
+fn init_logs(format: LogFormat) -> Result<()> {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(std::io::stderr().is_terminal());
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
+    };
+    installed.map_err(|e| anyhow::anyhow!("cannot set up the request log: {e}"))
+}
 
 #[derive(Args)]
 #[command(after_help = "The speculation flags, as for `generate`, set each request's default speculation; a request \
@@ -57,6 +77,10 @@ pub struct ServeArgs {
     /// which already shares the cost of reading the weights).
     #[arg(long, default_value_t = 2)]
     speculation_max_load: usize,
+    /// The request log on standard error: one line per request (method, path, status, tokens, speculation,
+    /// latency) as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// Worker threads for the tensor kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -87,6 +111,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         anyhow::bail!("--api-key must not be empty");
     }
     crate::set_threads(args.threads)?;
+    init_logs(args.log_format)?;
     let config = ServeConfig {
         host: args.host,
         port: args.port,

@@ -17,7 +17,7 @@ use std::convert::Infallible;
 use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use augur::generation::config::GenerationOptions;
@@ -314,7 +314,7 @@ async fn run(
     tokio::select! {
         r = &mut serving => return r.context("the server failed"),
         () = signal() => {
-            eprintln!("augur serve: stopped while the model was loading");
+            tracing::info!("stopped while the model was loading");
             return Ok(());
         }
         loaded = loading => {
@@ -328,14 +328,11 @@ async fn run(
         r = &mut serving => return r.context("the server failed"),
         () = signal() => {}
     }
-    eprintln!(
-        "augur serve: shutting down; in-flight requests have {} s to finish",
-        config.shutdown_timeout.as_secs_f64()
-    );
+    tracing::info!("shutting down; in-flight requests have {} s to finish", config.shutdown_timeout.as_secs_f64());
     stop.notify_one();
     match tokio::time::timeout(config.shutdown_timeout, serving).await {
         Ok(r) => r.context("the server failed")?,
-        Err(_) => eprintln!("augur serve: the shutdown deadline passed; cutting the requests still running"),
+        Err(_) => tracing::warn!("the shutdown deadline passed; cutting the requests still running"),
     }
     Ok(())
 }
@@ -421,8 +418,15 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
     scheme.eq_ignore_ascii_case("bearer") && constant_time_eq(token.trim().as_bytes(), key.as_bytes())
 }
 
-/// The API key (every endpoint but `/health`), and the count of answers by status.
+/// Marks a generation's response: its sequence writes the request's log line when it ends, with the tokens.
+#[derive(Clone, Copy)]
+struct LoggedBySequence;
+
+/// The API key (every endpoint but `/health`), the count of answers by status, and the log line of every
+/// request that is not a generation's.
 async fn guard(State(app): State<Shared>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let response = match &app.api_key {
         Some(key) if req.uri().path() != "/health" && !authorized(req.headers(), key) => {
             let mut r = error(ApiError::bad("a valid API key is needed: `Authorization: Bearer <key>`").with(
@@ -436,6 +440,15 @@ async fn guard(State(app): State<Shared>, req: Request, next: Next) -> Response 
         _ => next.run(req).await,
     };
     app.metrics.request(response.status().as_u16());
+    if response.extensions().get::<LoggedBySequence>().is_none() {
+        tracing::info!(
+            target: "augur::request",
+            method = %method,
+            path,
+            status = response.status().as_u16(),
+            latency_ms = start.elapsed().as_secs_f64() * 1e3,
+        );
+    }
     response
 }
 
@@ -566,11 +579,17 @@ fn internal(message: &str) -> ApiError {
     ApiError::bad(message).with(500, "server_error", "internal_error")
 }
 
-fn generation_error(e: augur::Error) -> ApiError {
+/// 400 for what the request asked wrongly, 500 for what failed in the engine.
+fn error_status(e: &augur::Error) -> u16 {
     match e {
-        augur::Error::InvalidOption(_) | augur::Error::PromptTooLong { .. } | augur::Error::ChatTemplate(_) => {
-            ApiError::bad(e.to_string())
-        }
+        augur::Error::InvalidOption(_) | augur::Error::PromptTooLong { .. } | augur::Error::ChatTemplate(_) => 400,
+        _ => 500,
+    }
+}
+
+fn generation_error(e: augur::Error) -> ApiError {
+    match error_status(&e) {
+        400 => ApiError::bad(e.to_string()),
         _ => ApiError::bad(e.to_string()).with(500, "server_error", "generation_failed"),
     }
 }
@@ -582,6 +601,7 @@ fn outputs(results: Vec<augur::Result<GenerationOutput>>) -> Result<Vec<Generati
 
 /// Parses the request here, then runs it on a thread of its own and answers it, whole or as server-sent events.
 async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+    let arrival = Instant::now();
     let server = match app.ready() {
         Ok(s) => Arc::clone(s),
         Err(e) => return error(e),
@@ -599,7 +619,7 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
     let (tx, mut rx) = unbounded_channel();
     let worker = {
         let (app, server, cancel) = (Arc::clone(&app), Arc::clone(&server), Arc::clone(&cancel));
-        move || sequence(&app, &server, req, cancel, tx)
+        move || sequence(&app, &server, req, arrival, cancel, tx)
     };
     if let Err(e) = std::thread::Builder::new().name("augur-seq".into()).spawn(worker) {
         return error(internal(&format!("cannot start a sequence thread: {e}")));
@@ -610,6 +630,24 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
         Some(Msg::Refused(e)) => return error(e),
         _ => return error(internal("the sequence ended before it started")),
     };
+    let mut response = answer(&server, rx, guard, meta, chat, stream, include_usage, n, logprobs).await;
+    response.extensions_mut().insert(LoggedBySequence);
+    response
+}
+
+/// The answer of a started request: its events, or its whole body once the sequence is done.
+#[allow(clippy::too_many_arguments)]
+async fn answer(
+    server: &Server,
+    mut rx: UnboundedReceiver<Msg>,
+    guard: CancelOnDrop,
+    meta: Meta,
+    chat: bool,
+    stream: bool,
+    include_usage: bool,
+    n: usize,
+    logprobs: Option<api::LogprobsAsked>,
+) -> Response {
     if stream {
         let events =
             Events { rx, _guard: guard, meta, chat, include_usage, first: vec![true; n], queue: VecDeque::new() };
@@ -643,7 +681,14 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
 
 /// A request's sequences: checks, admission, a fork per choice, the generations (on threads of their own when
 /// `n` > 1, so that their forwards batch); every step reported through `tx`.
-fn sequence(app: &App, server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>, tx: UnboundedSender<Msg>) {
+fn sequence(
+    app: &App,
+    server: &Server,
+    req: CompletionRequest,
+    arrival: Instant,
+    cancel: Arc<AtomicBool>,
+    tx: UnboundedSender<Msg>,
+) {
     let job = match prepare(server, req, Arc::clone(&cancel)) {
         Ok(j) => j,
         Err(e) => {
@@ -661,6 +706,7 @@ fn sequence(app: &App, server: &Server, req: CompletionRequest, cancel: Arc<Atom
         let _ = tx.send(Msg::Refused(e));
         return;
     };
+    let queue = arrival.elapsed();
     if cancel.load(Ordering::Relaxed) {
         return; // the client left while it waited
     }
@@ -682,16 +728,21 @@ fn sequence(app: &App, server: &Server, req: CompletionRequest, cancel: Arc<Atom
         created: now(),
         model: server.model_id.clone(),
     };
+    let id = meta.id.clone();
     let _ = tx.send(Msg::Started(meta));
+    // A choice's output, with the time of its first text.
     let run = |index: usize, pipe: &mut Pipeline| {
+        let mut first = None;
         let mut sink = |text: &str| {
+            first.get_or_insert_with(|| arrival.elapsed());
             if tx.send(Msg::Text(index, text.to_string())).is_err() {
                 cancel.store(true, Ordering::Relaxed);
             }
         };
-        pipe.call(&job.req.prompt, &job.call_for(index), Some(&mut sink))
+        let out = pipe.call(&job.req.prompt, &job.call_for(index), Some(&mut sink));
+        (out, first, arrival.elapsed())
     };
-    let results: Vec<augur::Result<GenerationOutput>> = if n == 1 {
+    let ran: Vec<_> = if n == 1 {
         vec![run(0, &mut pipes[0])]
     } else {
         std::thread::scope(|s| {
@@ -699,17 +750,55 @@ fn sequence(app: &App, server: &Server, req: CompletionRequest, cancel: Arc<Atom
             handles
                 .into_iter()
                 .map(|h| {
-                    h.join().unwrap_or_else(|_| Err(augur::Error::Generation("a choice's thread panicked".into())))
+                    h.join().unwrap_or_else(|_| {
+                        (Err(augur::Error::Generation("a choice's thread panicked".into())), None, arrival.elapsed())
+                    })
                 })
                 .collect()
         })
     };
     lock(&server.idle).extend(pipes);
     drop(permit);
-    for o in results.iter().flatten() {
-        app.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled);
+    for (out, first_token, total) in &ran {
+        if let Ok(o) = out {
+            let timings = metrics::Timings { queue, first_token: *first_token, total: *total };
+            app.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled, &timings);
+        }
     }
+    let results: Vec<_> = ran.into_iter().map(|(out, ..)| out).collect();
+    log_generation(&id, &job, &results, queue, arrival.elapsed());
     let _ = tx.send(Msg::Done(results));
+}
+
+/// A generation request's log line: what it asked, what it got, how speculation did, how long it took.
+fn log_generation(id: &str, job: &Job, results: &[augur::Result<GenerationOutput>], queue: Duration, total: Duration) {
+    let path = if job.req.chat { "/v1/chat/completions" } else { "/v1/completions" };
+    let ok: Vec<&GenerationOutput> = results.iter().flatten().collect();
+    let (drafted, accepted) = ok.iter().fold((0, 0), |(d, a), o| (d + o.stats.drafted, a + o.stats.accepted));
+    let completion: usize = ok.iter().map(|o| o.stats.new_tokens).sum();
+    let forwards: usize = ok.iter().map(|o| o.stats.target_forwards).sum();
+    let error = results.iter().find_map(|r| r.as_ref().err());
+    tracing::info!(
+        target: "augur::request",
+        id,
+        method = "POST",
+        path,
+        status = error.map_or(200, |e| error_status(e)),
+        n = job.req.n,
+        stream = job.req.stream,
+        user = job.req.user.as_deref(),
+        prompt_tokens = ok.first().map_or(0, |o| o.stats.prompt_tokens),
+        completion_tokens = completion,
+        finish_reason = ok.first().map(|o| o.finish_reason.as_str()),
+        speculation = ok.first().map(|o| o.stats.method.as_str()),
+        drafted,
+        accepted,
+        acceptance_rate = if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
+        tokens_per_forward = if forwards > 0 { completion as f64 / forwards as f64 } else { 0.0 },
+        queue_ms = queue.as_secs_f64() * 1e3,
+        latency_ms = total.as_secs_f64() * 1e3,
+        error = error.map(ToString::to_string),
+    );
 }
 
 /// A streamed answer: each choice's chunks as its sequence accepts them, then each choice's finish reason, the

@@ -1,93 +1,123 @@
-//! Counters for `GET /metrics`, in Prometheus' text format.
+//! `GET /metrics` through the `metrics` crate and its Prometheus exporter: counters of requests, tokens and
+//! speculation, and latency histograms.
+//!
+//! The recorder belongs to the server (not installed globally), so that several servers in one process, as in
+//! tests, keep their own numbers.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use augur::generation::output::GenerationStats;
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-#[derive(Default)]
-struct Totals {
-    /// Finished requests by HTTP status.
-    requests: BTreeMap<u16, u64>,
-    prompt_tokens: u64,
-    generated_tokens: u64,
-    drafted: u64,
-    accepted: u64,
-    target_forwards: u64,
-    draft_seconds: f64,
-    verify_seconds: f64,
-    request_seconds: f64,
-    generations: u64,
-    cancelled: u64,
+const LATENCY_BUCKETS: [f64; 15] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+const TOKENS_PER_FORWARD_BUCKETS: [f64; 12] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0];
+
+const TTFT: &str = "augur_time_to_first_token_seconds";
+const ITL: &str = "augur_inter_token_latency_seconds";
+const E2E: &str = "augur_e2e_request_latency_seconds";
+const QUEUE: &str = "augur_queue_time_seconds";
+const PER_FORWARD: &str = "augur_tokens_per_target_forward";
+
+/// The timings of one choice of a generation request.
+pub struct Timings {
+    /// From the request's arrival to a sequence slot.
+    pub queue: Duration,
+    /// From the arrival to the first text (`None`: no text came).
+    pub first_token: Option<Duration>,
+    /// From the arrival to the end.
+    pub total: Duration,
 }
 
-#[derive(Default)]
 pub struct Metrics {
-    totals: Mutex<Totals>,
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    /// Totals for the acceptance-rate gauge.
+    drafted: AtomicU64,
+    accepted: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let builder = PrometheusBuilder::new();
+        let builder = [TTFT, ITL, E2E, QUEUE]
+            .into_iter()
+            .try_fold(builder, |b, name| b.set_buckets_for_metric(Matcher::Full(name.into()), &LATENCY_BUCKETS))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PER_FORWARD.into()), &TOKENS_PER_FORWARD_BUCKETS))
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        let m = Metrics { recorder, handle, drafted: AtomicU64::new(0), accepted: AtomicU64::new(0) };
+        m.with(|| {
+            describe_counter!("augur_requests_total", "HTTP requests answered, by status.");
+            describe_counter!("augur_generations_total", "Generations run (one per choice).");
+            describe_counter!("augur_cancelled_total", "Generations stopped by a client that left.");
+            describe_counter!("augur_prompt_tokens_total", "Prompt tokens processed.");
+            describe_counter!("augur_generation_tokens_total", "Tokens generated.");
+            describe_counter!("augur_draft_tokens_total", "Draft tokens proposed.");
+            describe_counter!("augur_accepted_tokens_total", "Draft tokens accepted.");
+            describe_counter!("augur_target_forwards_total", "Target forward passes.");
+            describe_gauge!("augur_draft_seconds_total", Unit::Seconds, "Seconds spent drafting.");
+            describe_gauge!("augur_verify_seconds_total", Unit::Seconds, "Seconds spent in target forwards.");
+            describe_gauge!("augur_acceptance_rate", "Accepted ÷ drafted tokens since start.");
+            describe_gauge!("augur_active_sequences", "Sequences generating now.");
+            describe_gauge!("augur_queue_depth", "Requests waiting for a sequence slot.");
+            describe_histogram!(TTFT, Unit::Seconds, "From a request's arrival to its first text.");
+            describe_histogram!(ITL, Unit::Seconds, "A choice's mean time per token after its first.");
+            describe_histogram!(E2E, Unit::Seconds, "From a generation request's arrival to its last token.");
+            describe_histogram!(QUEUE, Unit::Seconds, "From a request's arrival to its sequence slot.");
+            describe_histogram!(PER_FORWARD, "A choice's new tokens per target forward.");
+        });
+        m
+    }
 }
 
 impl Metrics {
-    fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
-        self.totals.lock().unwrap_or_else(|e| e.into_inner())
+    fn with(&self, f: impl FnOnce()) {
+        metrics::with_local_recorder(&self.recorder, f);
     }
 
     pub fn request(&self, status: u16) {
-        *self.totals().requests.entry(status).or_default() += 1;
+        self.with(|| counter!("augur_requests_total", "status" => status.to_string()).increment(1));
     }
 
-    pub fn generation(&self, s: &GenerationStats, cancelled: bool) {
-        let mut t = self.totals();
-        t.prompt_tokens += s.prompt_tokens as u64;
-        t.generated_tokens += s.new_tokens as u64;
-        t.drafted += s.drafted as u64;
-        t.accepted += s.accepted as u64;
-        t.target_forwards += s.target_forwards as u64;
-        t.draft_seconds += s.draft_seconds;
-        t.verify_seconds += s.verify_seconds;
-        t.request_seconds += s.seconds;
-        t.generations += 1;
-        t.cancelled += cancelled as u64;
+    /// One finished choice.
+    pub fn generation(&self, s: &GenerationStats, cancelled: bool, t: &Timings) {
+        self.drafted.fetch_add(s.drafted as u64, Ordering::Relaxed);
+        self.accepted.fetch_add(s.accepted as u64, Ordering::Relaxed);
+        self.with(|| {
+            counter!("augur_generations_total").increment(1);
+            counter!("augur_cancelled_total").increment(cancelled as u64);
+            counter!("augur_prompt_tokens_total").increment(s.prompt_tokens as u64);
+            counter!("augur_generation_tokens_total").increment(s.new_tokens as u64);
+            counter!("augur_draft_tokens_total").increment(s.drafted as u64);
+            counter!("augur_accepted_tokens_total").increment(s.accepted as u64);
+            counter!("augur_target_forwards_total").increment(s.target_forwards as u64);
+            gauge!("augur_draft_seconds_total").increment(s.draft_seconds);
+            gauge!("augur_verify_seconds_total").increment(s.verify_seconds);
+            histogram!(QUEUE).record(t.queue.as_secs_f64());
+            histogram!(E2E).record(t.total.as_secs_f64());
+            if let Some(first) = t.first_token {
+                histogram!(TTFT).record(first.as_secs_f64());
+                if s.new_tokens > 1 {
+                    histogram!(ITL).record((t.total - first).as_secs_f64() / (s.new_tokens - 1) as f64);
+                }
+            }
+            if s.target_forwards > 0 {
+                histogram!(PER_FORWARD).record(s.new_tokens as f64 / s.target_forwards as f64);
+            }
+        });
     }
 
     /// The exposition text; `active` and `queued` are the scheduler's gauges now.
     pub fn render(&self, active: usize, queued: usize) -> String {
-        let t = self.totals();
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
-            let _ = writeln!(out, "# HELP augur_{name} {help}\n# TYPE augur_{name} {kind}");
-            for (labels, value) in samples {
-                let _ = writeln!(out, "augur_{name}{labels} {value}");
-            }
-        };
-        let one = |v: String| vec![(String::new(), v)];
-        let requests: Vec<_> =
-            t.requests.iter().map(|(status, n)| (format!("{{status=\"{status}\"}}"), n.to_string())).collect();
-        metric("requests_total", "counter", "HTTP requests answered, by status.", &requests);
-        metric("generations_total", "counter", "Generations run.", &one(t.generations.to_string()));
-        metric(
-            "cancelled_total",
-            "counter",
-            "Generations stopped by a client that left.",
-            &one(t.cancelled.to_string()),
-        );
-        metric("prompt_tokens_total", "counter", "Prompt tokens processed.", &one(t.prompt_tokens.to_string()));
-        metric("generation_tokens_total", "counter", "Tokens generated.", &one(t.generated_tokens.to_string()));
-        metric("draft_tokens_total", "counter", "Draft tokens proposed.", &one(t.drafted.to_string()));
-        metric("accepted_tokens_total", "counter", "Draft tokens accepted.", &one(t.accepted.to_string()));
-        let rate = if t.drafted > 0 { t.accepted as f64 / t.drafted as f64 } else { 0.0 };
-        metric("acceptance_rate", "gauge", "Accepted ÷ drafted tokens since start.", &one(rate.to_string()));
-        metric("target_forwards_total", "counter", "Target forward passes.", &one(t.target_forwards.to_string()));
-        metric("draft_seconds_total", "counter", "Seconds spent drafting.", &one(t.draft_seconds.to_string()));
-        metric(
-            "verify_seconds_total",
-            "counter",
-            "Seconds spent in target forwards.",
-            &one(t.verify_seconds.to_string()),
-        );
-        metric("generation_seconds_total", "counter", "Seconds spent generating.", &one(t.request_seconds.to_string()));
-        metric("active_sequences", "gauge", "Sequences generating now.", &one(active.to_string()));
-        metric("queue_depth", "gauge", "Requests waiting for a sequence slot.", &one(queued.to_string()));
-        out
+        let (d, a) = (self.drafted.load(Ordering::Relaxed), self.accepted.load(Ordering::Relaxed));
+        self.with(|| {
+            gauge!("augur_active_sequences").set(active as f64);
+            gauge!("augur_queue_depth").set(queued as f64);
+            gauge!("augur_acceptance_rate").set(if d > 0 { a as f64 / d as f64 } else { 0.0 });
+        });
+        self.handle.render()
     }
 }
