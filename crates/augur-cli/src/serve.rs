@@ -70,9 +70,20 @@ pub struct ServeArgs {
     /// The most new tokens a request may ask for (`max_tokens`); a request that names none gets at most this.
     #[arg(long)]
     max_tokens_limit: Option<usize>,
-    /// Seconds in-flight requests have to finish after SIGTERM or SIGINT before the server exits.
+    /// Seconds in-flight requests have to finish after SIGTERM or SIGINT; then streams still running end with
+    /// a final error event, whole answers with 503, and the server exits 0.
     #[arg(long, default_value_t = 30.0)]
     shutdown_timeout: f64,
+    /// Seconds a client has to send a whole request head, from connecting or from its previous answer (an idle
+    /// keep-alive connection closes after it too).
+    #[arg(long, default_value_t = 15.0)]
+    header_timeout: f64,
+    /// Seconds a request body may pause between its pieces (beyond it, 408).
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds a write may wait for the client to read before the connection is cut.
+    #[arg(long, default_value_t = 30.0)]
+    write_timeout: f64,
     /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
     /// which already shares the cost of reading the weights).
     #[arg(long, default_value_t = 2)]
@@ -92,9 +103,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if args.parallel == 0 {
         anyhow::bail!("--parallel must be at least 1");
     }
-    let Ok(shutdown_timeout) = std::time::Duration::try_from_secs_f64(args.shutdown_timeout) else {
-        anyhow::bail!("--shutdown-timeout must be a non-negative number of seconds");
+    let seconds = |flag: &str, v: f64| {
+        std::time::Duration::try_from_secs_f64(v)
+            .map_err(|_| anyhow::anyhow!("--{flag} must be a non-negative number of seconds, not {v}"))
     };
+    let shutdown_timeout = seconds("shutdown-timeout", args.shutdown_timeout)?;
+    let header_timeout = seconds("header-timeout", args.header_timeout)?;
+    let body_timeout = seconds("body-timeout", args.body_timeout)?;
+    let write_timeout = seconds("write-timeout", args.write_timeout)?;
     let api_key = match &args.api_key_file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -126,6 +142,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         ctx_size: args.ctx_size,
         max_tokens_limit: args.max_tokens_limit,
         shutdown_timeout,
+        header_timeout,
+        body_timeout,
+        write_timeout,
         speculation_max_load: args.speculation_max_load,
         speculation: args.speculation.options(),
     };

@@ -140,6 +140,22 @@ fn post(addr: &str, path: &str, body: &Value) -> Reply {
     request(addr, "POST", path, &body.to_string())
 }
 
+/// Sends `body` (a streamed completion) on a connection of its own and reads up to its first event; the stream
+/// goes on while the reader is kept.
+fn open_stream(addr: &str, body: &Value) -> BufReader<TcpStream> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        let n = reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "the stream ended before its first event");
+    }
+    reader
+}
+
 fn augur_generate(args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_augur")).arg("generate").args(args).arg("--json").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -534,17 +550,11 @@ fn a_client_that_leaves_mid_stream_stops_its_generation() {
     let model = smollm2();
     let server = Server::start(&["--model", &model]);
     let a = server.addr.as_str();
-    let mut s = TcpStream::connect(a).unwrap();
-    let body = json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true,
-                      "temperature": 0})
-    .to_string();
-    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut reader = BufReader::new(s);
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let reader = open_stream(
+        a,
+        &json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true,
+                "temperature": 0}),
+    );
     drop(reader);
     let t0 = Instant::now();
     while metric(a, "cancelled_total") < 1.0 {
@@ -619,15 +629,8 @@ fn exits_cleanly(server: &mut Server, limit: Duration) -> bool {
 #[test]
 fn sigterm_lets_streams_finish_then_exits_0() {
     let mut server = Server::tiny(&[]);
-    let mut s = TcpStream::connect(&server.addr).unwrap();
-    let long = json!({"prompt": "The", "max_tokens": 400, "ignore_eos": true, "stream": true}).to_string();
-    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
-    let mut reader = BufReader::new(s);
-    let mut line = String::new();
-    while !line.contains("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let mut reader =
+        open_stream(&server.addr, &json!({"prompt": "The", "max_tokens": 400, "ignore_eos": true, "stream": true}));
     sigterm(&server);
     let mut rest = String::new();
     reader.read_to_string(&mut rest).unwrap();
@@ -637,18 +640,18 @@ fn sigterm_lets_streams_finish_then_exits_0() {
 
     // A stream longer than the shutdown deadline is cut at it, and the process still exits 0.
     let mut server = Server::start(&["--model", &smollm2(), "--shutdown-timeout", "1"]);
-    let mut s = TcpStream::connect(&server.addr).unwrap();
-    let long =
-        json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
-    write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
-    let mut reader = BufReader::new(s);
-    let mut line = String::new();
-    while !line.contains("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let mut reader = open_stream(
+        &server.addr,
+        &json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
+    );
     let t0 = Instant::now();
     sigterm(&server);
+    let mut rest = Vec::new();
+    let _ = reader.read_to_end(&mut rest);
+    let rest = String::from_utf8_lossy(&rest);
+    let last = rest.split("\n\n").filter(|e| e.contains("data: ")).last().unwrap_or_default();
+    assert!(last.contains("\"code\":\"server_shutdown\""), "the cut stream ends with a final event, not `{last}`");
+    assert!(!rest.contains("[DONE]"), "a cut stream is not passed off as complete");
     assert!(exits_cleanly(&mut server, Duration::from_secs(15)));
     assert!(t0.elapsed() >= Duration::from_millis(900), "in-flight requests had their deadline");
 }

@@ -14,7 +14,6 @@ mod net;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -38,7 +37,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use api::{ApiError, CompletionRequest, Meta, Speculation};
 use metrics::Metrics;
@@ -70,8 +71,16 @@ pub struct ServeConfig {
     pub ctx_size: Option<usize>,
     /// The most new tokens a request may ask for, and what a request that names none gets at most.
     pub max_tokens_limit: Option<usize>,
-    /// After SIGTERM or SIGINT, how long in-flight requests may take before the process exits anyway.
+    /// After SIGTERM or SIGINT, how long in-flight requests may take; then streams end with a final error
+    /// event, whole answers with 503, and the process exits.
     pub shutdown_timeout: Duration,
+    /// A client must send a whole request head within this of connecting or of its previous answer (so an
+    /// idle keep-alive connection closes after it too).
+    pub header_timeout: Duration,
+    /// A request body may pause this long between its pieces (beyond it, 408).
+    pub body_timeout: Duration,
+    /// A write may wait this long for the client to read before the connection is cut.
+    pub write_timeout: Duration,
     /// A sequence stops drafting while more than this many sequences run (their forwards are batched then,
     /// which already shares the cost of reading the weights).
     pub speculation_max_load: usize,
@@ -95,6 +104,9 @@ impl Default for ServeConfig {
             ctx_size: None,
             max_tokens_limit: None,
             shutdown_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(15),
+            body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
             speculation_max_load: 2,
             speculation: GenerationOptions::default(),
         }
@@ -194,6 +206,8 @@ struct App {
     server: OnceLock<Arc<Server>>,
     metrics: Metrics,
     api_key: Option<String>,
+    /// Turns true when the shutdown deadline passes: answers still running end then.
+    deadline: watch::Sender<bool>,
 }
 
 impl App {
@@ -272,6 +286,7 @@ pub fn serve(load: impl FnOnce() -> Result<Pipeline> + Send + 'static, config: S
         server: OnceLock::new(),
         metrics: Metrics::default(),
         api_key: config.api_key.clone().filter(|k| !k.is_empty()),
+        deadline: watch::channel(false).0,
     });
     // The HTTP side only parses, waits and writes; two threads are plenty beside the model's.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -299,14 +314,13 @@ async fn run(
     use std::io::Write;
     std::io::stdout().flush()?;
     let router = router(Arc::clone(&app), &config)?;
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = {
-        let stop = Arc::clone(&stop);
-        async move { stop.notified().await }
-    };
-    let serving =
-        axum::serve(net::Capped::new(listener, config.max_connections), router).with_graceful_shutdown(stopped);
-    let mut serving = std::pin::pin!(serving.into_future());
+    let (stop, stopped) = watch::channel(false);
+    let timeouts = net::Timeouts { header: config.header_timeout, write: config.write_timeout };
+    let mut stopped = stopped;
+    let mut serving =
+        tokio::spawn(net::serve(net::Capped::new(listener, config.max_connections), router, timeouts, async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }));
     let loading = {
         let config = config.clone();
         tokio::task::spawn_blocking(move || load_server(load()?, &config))
@@ -318,10 +332,10 @@ async fn run(
             return Ok(());
         }
         loaded = loading => {
-            let server = loaded.context("the model loader panicked")??;
+            let server = Arc::new(loaded.context("the model loader panicked")??);
+            let _ = app.server.set(Arc::clone(&server));
             println!("augur serve: model `{}` loaded; ready", server.model_id);
             std::io::stdout().flush()?;
-            let _ = app.server.set(Arc::new(server));
         }
     }
     tokio::select! {
@@ -329,10 +343,12 @@ async fn run(
         () = signal() => {}
     }
     tracing::info!("shutting down; in-flight requests have {} s to finish", config.shutdown_timeout.as_secs_f64());
-    stop.notify_one();
-    match tokio::time::timeout(config.shutdown_timeout, serving).await {
-        Ok(r) => r.context("the server failed")?,
-        Err(_) => tracing::warn!("the shutdown deadline passed; cutting the requests still running"),
+    let _ = stop.send(true);
+    if tokio::time::timeout(config.shutdown_timeout, &mut serving).await.is_err() {
+        tracing::warn!("the shutdown deadline passed; ending the answers still running");
+        let _ = app.deadline.send(true);
+        // Time for those answers' last events to reach their clients.
+        let _ = tokio::time::timeout(Duration::from_secs(2), serving).await;
     }
     Ok(())
 }
@@ -386,6 +402,7 @@ fn router(app: Shared, config: &ServeConfig) -> Result<Router> {
         .route("/v1/chat/completions", post(chat_completions).fallback(not_allowed))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(RequestBodyTimeoutLayer::new(config.body_timeout))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), guard));
     // Outside the key check, so that a browser's preflight (which carries no key) is answered.
     if !config.cors_origins.is_empty() {
@@ -500,8 +517,17 @@ async fn not_found(req: Request) -> Response {
 /// The body, or the error its rejection (too large, unreadable) is answered with.
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
-        let code = if r.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "bad_body" };
-        ApiError::bad(r.body_text()).with(r.status().as_u16(), "invalid_request_error", code)
+        let timed_out = std::error::Error::source(&r)
+            .is_some_and(|e| e.to_string().contains("timed out") || format!("{e:?}").contains("Timeout"));
+        match r.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::bad(r.body_text()).with(413, "invalid_request_error", "request_too_large")
+            }
+            _ if timed_out => {
+                ApiError::bad("the request body stopped arriving").with(408, "invalid_request_error", "request_timeout")
+            }
+            status => ApiError::bad(r.body_text()).with(status.as_u16(), "invalid_request_error", "bad_body"),
+        }
     })
 }
 
@@ -575,6 +601,12 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// What an answer still running at the shutdown deadline ends with (its stream's last event, or a 503): the
+/// text so far is not passed off as a whole answer.
+fn shutdown_error() -> ApiError {
+    ApiError::bad("the server shut down before this answer was complete").with(503, "server_error", "server_shutdown")
+}
+
 fn internal(message: &str) -> ApiError {
     ApiError::bad(message).with(500, "server_error", "internal_error")
 }
@@ -630,7 +662,8 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
         Some(Msg::Refused(e)) => return error(e),
         _ => return error(internal("the sequence ended before it started")),
     };
-    let mut response = answer(&server, rx, guard, meta, chat, stream, include_usage, n, logprobs).await;
+    let deadline = app.deadline.subscribe();
+    let mut response = answer(&server, rx, guard, deadline, meta, chat, stream, include_usage, n, logprobs).await;
     response.extensions_mut().insert(LoggedBySequence);
     response
 }
@@ -641,6 +674,7 @@ async fn answer(
     server: &Server,
     mut rx: UnboundedReceiver<Msg>,
     guard: CancelOnDrop,
+    mut deadline: watch::Receiver<bool>,
     meta: Meta,
     chat: bool,
     stream: bool,
@@ -649,12 +683,16 @@ async fn answer(
     logprobs: Option<api::LogprobsAsked>,
 ) -> Response {
     if stream {
-        let events =
-            Events { rx, _guard: guard, meta, chat, include_usage, first: vec![true; n], queue: VecDeque::new() };
+        let first = vec![true; n];
+        let events = Events { rx, _guard: guard, deadline, meta, chat, include_usage, first, queue: VecDeque::new() };
         return events.into_response();
     }
     loop {
-        match rx.recv().await {
+        let msg = tokio::select! {
+            msg = rx.recv() => msg,
+            _ = deadline.wait_for(|d| *d) => return error(shutdown_error()),
+        };
+        match msg {
             Some(Msg::Text(..)) => {}
             Some(Msg::Done(results)) => {
                 let outs = match outputs(results) {
@@ -806,6 +844,7 @@ fn log_generation(id: &str, job: &Job, results: &[augur::Result<GenerationOutput
 struct Events {
     rx: UnboundedReceiver<Msg>,
     _guard: CancelOnDrop,
+    deadline: watch::Receiver<bool>,
     meta: Meta,
     chat: bool,
     include_usage: bool,
@@ -830,8 +869,15 @@ impl Events {
                     Some(None) => return None,
                     None => {}
                 }
+                let msg = tokio::select! {
+                    msg = st.rx.recv() => msg,
+                    _ = st.deadline.wait_for(|d| *d) => {
+                        st.queue.extend([Some(shutdown_error().body()), None]);
+                        continue;
+                    }
+                };
                 let (meta, chat) = (&st.meta, st.chat);
-                match st.rx.recv().await {
+                match msg {
                     Some(Msg::Text(i, t)) => {
                         let first = std::mem::replace(&mut st.first[i], false);
                         st.queue.push_back(Some(api::chunk(meta, chat, i, Some(&t), first, None).to_string()));

@@ -11,7 +11,8 @@ use augur::generation::output::GenerationStats;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-const LATENCY_BUCKETS: [f64; 15] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+const LATENCY_BUCKETS: [f64; 15] =
+    [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
 const TOKENS_PER_FORWARD_BUCKETS: [f64; 12] = [1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0];
 
 const TTFT: &str = "augur_time_to_first_token_seconds";
@@ -68,6 +69,21 @@ impl Default for Metrics {
             describe_histogram!(E2E, Unit::Seconds, "From a generation request's arrival to its last token.");
             describe_histogram!(QUEUE, Unit::Seconds, "From a request's arrival to its sequence slot.");
             describe_histogram!(PER_FORWARD, "A choice's new tokens per target forward.");
+            // Registered now, so that a scrape before the first generation sees them at 0.
+            for name in [
+                "augur_generations_total",
+                "augur_cancelled_total",
+                "augur_prompt_tokens_total",
+                "augur_generation_tokens_total",
+                "augur_draft_tokens_total",
+                "augur_accepted_tokens_total",
+                "augur_target_forwards_total",
+            ] {
+                counter!(name).increment(0);
+            }
+            for name in ["augur_draft_seconds_total", "augur_verify_seconds_total"] {
+                gauge!(name).increment(0.0);
+            }
         });
         m
     }

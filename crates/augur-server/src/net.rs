@@ -1,20 +1,37 @@
-//! The listener under axum: a cap on open connections, answered 503 beyond it without reading the request, so
-//! that idle or slow clients cannot take every socket and task.
+//! Connections: a cap on open ones (answered 503 beyond it without reading the request, so that idle or slow
+//! clients cannot take every socket and task), hyper's HTTP/1.1 with a deadline on request heads, a stall
+//! deadline on writes, and a graceful stop.
 
+use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
 
 const BUSY: &str = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 135\r\n\
                     Connection: close\r\nRetry-After: 1\r\n\r\n{\"error\": {\"message\": \"too many open connections; \
                     retry later\", \"type\": \"server_error\", \"param\": null, \"code\": \"too_many_connections\"}}";
+
+/// How long a connection may take over each thing it must do.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// To send a whole request head, from connecting or from the end of its previous answer (hyper's header
+    /// read timeout, whose clock runs from the moment the connection waits for a head: it is also how long an
+    /// idle keep-alive connection stays open).
+    pub header: Duration,
+    /// Any one write may wait this long for the client to read (a stalled reader is cut).
+    pub write: Duration,
+}
 
 pub struct Capped {
     inner: TcpListener,
@@ -26,31 +43,14 @@ impl Capped {
     pub fn new(inner: TcpListener, max: usize) -> Self {
         Self { inner, open: Arc::new(AtomicUsize::new(0)), max }
     }
-}
 
-/// An accepted connection; it frees its place in the cap when hyper drops it.
-pub struct Conn {
-    stream: TcpStream,
-    open: Arc<AtomicUsize>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl axum::serve::Listener for Capped {
-    type Io = Conn;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Conn, SocketAddr) {
+    async fn accept(&self, write_timeout: Duration) -> Conn {
         loop {
-            let (stream, addr) = match self.inner.accept().await {
-                Ok(a) => a,
+            let stream = match self.inner.accept().await {
+                Ok((s, _)) => s,
                 Err(e) => {
                     // Out of descriptors and the like: wait instead of spinning on the error.
-                    eprintln!("augur serve: accept failed: {e}");
+                    tracing::warn!("accept failed: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -62,12 +62,68 @@ impl axum::serve::Listener for Capped {
             }
             let _ = stream.set_nodelay(true);
             self.open.fetch_add(1, Ordering::AcqRel);
-            return (Conn { stream, open: Arc::clone(&self.open) }, addr);
+            return Conn { stream, open: Arc::clone(&self.open), write_timeout, stalled: None };
         }
     }
+}
 
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
+/// Serves `router` on `listener` until `stop` resolves, then stops accepting and waits for the open connections
+/// to finish their answers (idle ones close at once).
+pub async fn serve(listener: Capped, router: Router, timeouts: Timeouts, stop: impl Future<Output = ()>) {
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(timeouts.header).keep_alive(true);
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            conn = listener.accept(timeouts.write) => {
+                let service = TowerToHyperService::new(router.clone());
+                let conn = http.serve_connection(TokioIo::new(conn), service);
+                let watched = graceful.watch(conn);
+                tokio::spawn(async move {
+                    // A client's error (a reset, a bad head, a timeout) ends only its own connection.
+                    let _ = watched.await;
+                });
+            }
+            () = &mut stop => break,
+        }
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// An accepted connection; it frees its place in the cap when hyper drops it.
+pub struct Conn {
+    stream: TcpStream,
+    open: Arc<AtomicUsize>,
+    write_timeout: Duration,
+    /// Armed while a write waits for the client to read.
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Conn {
+    /// A write's outcome, with the stall clock: it starts when a write first waits and stops when one goes
+    /// through; a write still waiting when it runs out fails with `TimedOut`, which ends the connection.
+    fn stall<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = None;
+            return poll;
+        }
+        let timeout = self.write_timeout;
+        let deadline = self.stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {} s", timeout.as_secs_f64()),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -79,7 +135,9 @@ impl AsyncRead for Conn {
 
 impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.stall(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -87,7 +145,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.stall(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -95,7 +155,9 @@ impl AsyncWrite for Conn {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        let poll = Pin::new(&mut this.stream).poll_flush(cx);
+        this.stall(cx, poll)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
