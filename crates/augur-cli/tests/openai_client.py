@@ -1,7 +1,8 @@
 """The official `openai` client against `augur serve` (run by tests/serve.rs::openai_python_client).
 
 argv: TINY_ADDR SMOL_ADDR EXPECTED_JSON (a file: {"prompt", "text": greedy text, "chat": greedy chat reply})
-TINY_ADDR serves the tiny-llama fixture, SMOL_ADDR SmolLM2-135M (slow enough to cancel mid-stream).
+TINY_ADDR serves the tiny-llama fixture behind the API key `test-key`, SMOL_ADDR SmolLM2-135M (slow enough to
+cancel mid-stream) without a key.
 """
 
 import json
@@ -16,7 +17,7 @@ tiny_addr, smol_addr, expected_file = sys.argv[1:4]
 with open(expected_file) as f:
     expected_texts = json.load(f)
 prompt, expected, expected_chat = expected_texts["prompt"], expected_texts["text"], expected_texts["chat"]
-client = openai.OpenAI(base_url=f"http://{tiny_addr}/v1", api_key="unused", max_retries=0)
+client = openai.OpenAI(base_url=f"http://{tiny_addr}/v1", api_key="test-key", max_retries=0)
 models = client.models.list()
 model = models.data[0].id
 assert model == "tiny-llama", model
@@ -76,6 +77,44 @@ a = client.completions.create(model=model, prompt=prompt, max_tokens=10, tempera
 b = client.completions.create(model=model, prompt=prompt, max_tokens=10, temperature=0.8, seed=7)
 assert a.choices[0].text == b.choices[0].text
 
+# Log-probabilities: chats' `logprobs.content` with `top_logprobs`, completions' legacy columns; greedy picks the
+# most likely token.
+r = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+)
+content = r.choices[0].logprobs.content
+assert len(content) == r.usage.completion_tokens, (len(content), r.usage)
+for t in content:
+    assert len(t.top_logprobs) == 2 and t.logprob <= 0
+    assert abs(t.logprob - max(x.logprob for x in t.top_logprobs)) < 1e-6, t
+c = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, logprobs=1)
+assert len(c.choices[0].logprobs.token_logprobs) == 5, c.choices[0].logprobs
+
+# n = 2: two choices, indexed; greedy choices are equal.
+two = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, n=2)
+assert [ch.index for ch in two.choices] == [0, 1]
+assert two.choices[0].text == two.choices[1].text == expected[: len(two.choices[0].text)]
+
+# The API key: a wrong one is the client's AuthenticationError.
+wrong = openai.OpenAI(base_url=f"http://{tiny_addr}/v1", api_key="not-the-key", max_retries=0)
+try:
+    wrong.models.list()
+    raise AssertionError("a wrong API key must fail")
+except openai.AuthenticationError as e:
+    assert e.status_code == 401
+
+# Fields augur cannot honour are refused, naming the field.
+for kwargs, param in [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+]:
+    try:
+        client.chat.completions.create(model=model, messages=messages, max_tokens=3, **kwargs)
+        raise AssertionError(f"{param} must be refused")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == param, e.body
+
 # Errors surface as the client's exception types, with OpenAI-style bodies.
 try:
     client.completions.create(model="no-such-model", prompt="hi", max_tokens=3)
@@ -89,7 +128,9 @@ except openai.BadRequestError as e:
     assert e.body["code"] == "context_length_exceeded", e.body
 # Malformed JSON (the client cannot send it, so a raw request): 400 with an OpenAI error body.
 bad = urllib.request.Request(
-    f"http://{tiny_addr}/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"}
+    f"http://{tiny_addr}/v1/completions",
+    data=b"{not json",
+    headers={"Content-Type": "application/json", "Authorization": "Bearer test-key"},
 )
 try:
     urllib.request.urlopen(bad)

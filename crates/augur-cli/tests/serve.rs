@@ -672,7 +672,7 @@ fn openai_python_client() {
             Command::new(&python).args(["-m", "pip", "install", "--quiet", "openai>=1.40"]).status().unwrap().success();
         assert!(ok, "pip install openai failed (the test needs PyPI once; the venv is kept under target/)");
     }
-    let tiny = Server::tiny(&[]);
+    let tiny = Server::tiny(&["--api-key", "test-key"]);
     let smol = Server::start(&["--model", &smollm2()]);
     let expected = augur_generate(&["--model", &fixture("tiny-llama"), "--max-new-tokens", "20", PROMPT]);
     let expected_chat =

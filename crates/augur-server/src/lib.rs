@@ -1022,3 +1022,58 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
     };
     Ok(Job { req, call })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    fn tiny() -> Pipeline {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama");
+        let target = augur::pipeline::LoadedLm::load(&dir, &augur::Device::Cpu).unwrap();
+        Pipeline { target, assistant: None, defaults: GenerationOptions::default() }
+    }
+
+    async fn call(app: &Router, method: &str, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
+        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_string())).unwrap();
+        let r = app.clone().oneshot(req).await.unwrap();
+        let status = r.status();
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    /// Before the model is loaded the server already answers: `/health` 503 (a load balancer keeps traffic
+    /// away), the model's endpoints 503 `model_loading`, `/metrics` 200; once loaded, all of them serve.
+    #[tokio::test]
+    async fn health_is_503_until_the_model_is_loaded() {
+        let config = ServeConfig::default();
+        let app = Arc::new(App {
+            server: OnceLock::new(),
+            metrics: Metrics::default(),
+            api_key: None,
+            deadline: watch::channel(false).0,
+        });
+        let router = router(Arc::clone(&app), &config).unwrap();
+        assert_eq!(
+            call(&router, "GET", "/health", "").await,
+            (StatusCode::SERVICE_UNAVAILABLE, json!({"status": "loading"}))
+        );
+        for (method, path, body) in [
+            ("GET", "/v1/models", ""),
+            ("POST", "/v1/completions", r#"{"prompt": "a", "max_tokens": 2}"#),
+            ("POST", "/tokenize", r#"{"prompt": "a"}"#),
+        ] {
+            let (status, body) = call(&router, method, path, body).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}");
+            assert_eq!(body["error"]["code"], "model_loading", "{path}");
+        }
+        assert_eq!(call(&router, "GET", "/metrics", "").await.0, StatusCode::OK);
+
+        let _ = app.server.set(Arc::new(load_server(tiny(), &config).unwrap()));
+        assert_eq!(call(&router, "GET", "/health", "").await, (StatusCode::OK, json!({"status": "ok"})));
+        assert_eq!(call(&router, "GET", "/v1/models", "").await.1["data"][0]["id"], "tiny-llama");
+        let (status, body) = call(&router, "POST", "/v1/completions", r#"{"prompt": "a", "max_tokens": 2}"#).await;
+        assert_eq!((status, body["usage"]["completion_tokens"].clone()), (StatusCode::OK, json!(2)));
+    }
+}
