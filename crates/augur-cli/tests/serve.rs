@@ -638,22 +638,214 @@ fn sigterm_lets_streams_finish_then_exits_0() {
     assert!(exits_cleanly(&mut server, Duration::from_secs(30)));
     assert!(TcpStream::connect(&server.addr).is_err(), "no longer listening");
 
-    // A stream longer than the shutdown deadline is cut at it, and the process still exits 0.
-    let mut server = Server::start(&["--model", &smollm2(), "--shutdown-timeout", "1"]);
-    let mut reader = open_stream(
-        &server.addr,
-        &json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
-    );
+    // Four streams in flight at SIGTERM: the two that fit in the deadline complete; the two longer ones end at
+    // it with a final event (not `[DONE]`: they are not passed off as complete); the process still exits 0.
+    let mut server = Server::start(&["--model", &smollm2(), "--shutdown-timeout", "1.5", "--parallel", "4"]);
+    let streams: Vec<_> = [12, 12, 4000, 4000]
+        .iter()
+        .map(|&n| {
+            let body = json!({"prompt": "Write a long story.", "max_tokens": n, "ignore_eos": true, "stream": true});
+            (n, open_stream(&server.addr, &body))
+        })
+        .collect();
     let t0 = Instant::now();
     sigterm(&server);
-    let mut rest = Vec::new();
-    let _ = reader.read_to_end(&mut rest);
-    let rest = String::from_utf8_lossy(&rest);
-    let last = rest.split("\n\n").filter(|e| e.contains("data: ")).last().unwrap_or_default();
-    assert!(last.contains("\"code\":\"server_shutdown\""), "the cut stream ends with a final event, not `{last}`");
-    assert!(!rest.contains("[DONE]"), "a cut stream is not passed off as complete");
+    for (n, mut reader) in streams {
+        let mut rest = Vec::new();
+        let _ = reader.read_to_end(&mut rest);
+        let rest = String::from_utf8_lossy(&rest);
+        let last = rest.split("\n\n").filter(|e| e.contains("data: ")).last().unwrap_or_default().to_string();
+        if n == 12 {
+            assert!(last.contains("data: [DONE]"), "a short stream completes, not `{last}`");
+        } else {
+            assert!(
+                last.contains("\"code\":\"server_shutdown\""),
+                "a cut stream ends with a final event, not `{last}`"
+            );
+            assert!(!rest.contains("[DONE]"), "a cut stream is not passed off as complete");
+        }
+    }
     assert!(exits_cleanly(&mut server, Duration::from_secs(15)));
-    assert!(t0.elapsed() >= Duration::from_millis(900), "in-flight requests had their deadline");
+    assert!(t0.elapsed() >= Duration::from_millis(1400), "in-flight requests had their deadline");
+}
+
+/// 2,000 idle connections and 200 that send their head a byte at a time hold no thread a request needs: a real
+/// request beside them is answered within 2 s; then the header deadline closes all of them.
+#[test]
+fn idle_and_slow_connections_do_not_starve_a_request() {
+    let server = Server::tiny(&["--max-connections", "2400", "--header-timeout", "3"]);
+    let a = server.addr.as_str();
+    let idle: Vec<TcpStream> = (0..2000).map(|_| TcpStream::connect(a).unwrap()).collect();
+    let mut slow: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = TcpStream::connect(a).unwrap();
+            s.write_all(b"POST /v1/completions HTTP/1.1\r\n").unwrap();
+            s
+        })
+        .collect();
+    let trickle = std::thread::spawn(move || {
+        // One header byte per connection every 100 ms, for 1 s.
+        for _ in 0..10 {
+            for s in &mut slow {
+                let _ = s.write_all(b"X");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        slow
+    });
+    let t0 = Instant::now();
+    let r = post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0}));
+    let took = t0.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(took < Duration::from_secs(2), "a request beside 2,200 idle or slow connections took {took:?}");
+    let slow = trickle.join().unwrap();
+    // Past the header deadline the server has closed them: a read sees the end (or a reset), not a hang.
+    std::thread::sleep(Duration::from_secs(3));
+    for s in idle.iter().step_by(97).chain(slow.iter().step_by(17)) {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 256];
+        let closed = match (&*s).read(&mut buf) {
+            Ok(n) => n == 0 || String::from_utf8_lossy(&buf[..n]).contains("408"),
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut,
+        };
+        assert!(closed, "a connection that sent no whole head is still open after the header deadline");
+    }
+    assert_eq!(post(a, "/v1/completions", &json!({"prompt": "a", "max_tokens": 2})).status, 200);
+}
+
+/// 50 clients start streams (most of them queued) and leave; no slot stays taken: a request right after is
+/// served at once and the gauges return to zero.
+#[test]
+fn clients_that_leave_mid_stream_leak_no_slot() {
+    let server = Server::start(&["--model", &smollm2(), "--parallel", "4", "--queue", "64"]);
+    let a = server.addr.as_str();
+    let body =
+        json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
+    let clients: Vec<TcpStream> = (0..50)
+        .map(|_| {
+            let mut s = TcpStream::connect(a).unwrap();
+            write!(s, "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(metric(a, "active_sequences") >= 1.0, "the streams started");
+    drop(clients);
+    let t0 = Instant::now();
+    let r = post(a, "/v1/completions", &json!({"prompt": "Hello", "max_tokens": 8, "temperature": 0}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(t0.elapsed() < Duration::from_secs(10), "served after {:?}", t0.elapsed());
+    let t0 = Instant::now();
+    while metric(a, "active_sequences") > 0.0 || metric(a, "queue_depth") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "slots still taken after the clients left");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(metric(a, "generation_tokens_total") < 4000.0, "the abandoned streams stopped early");
+}
+
+/// Malformed HTTP, each answered with its status, and the server keeps serving.
+#[test]
+fn malformed_http_is_answered_with_its_status() {
+    let server = Server::tiny(&["--max-body-bytes", "65536", "--body-timeout", "1"]);
+    let a = server.addr.as_str();
+    let ok = r#"{"prompt": "a", "max_tokens": 2}"#;
+    let status = |raw: &[u8]| send_raw(a, raw).status;
+    // A body that stops arriving: 408 after the body deadline.
+    let t0 = Instant::now();
+    let stalled = status(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 50\r\nConnection: close\r\n\r\n{\"pro");
+    assert_eq!(stalled, 408, "a stalled body");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(status(b"GARBAGE\r\n\r\n"), 400, "a bad request line");
+    let version = status(b"GET /health HTTP/9.9\r\n\r\n");
+    assert!(version == 505 || version == 400, "an unknown HTTP version: {version}");
+    let dup = format!(
+        "POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nContent-Length: 3\r\nConnection: close\r\n\r\n{ok}",
+        ok.len()
+    );
+    assert_eq!(status(dup.as_bytes()), 400, "two different Content-Lengths");
+    let (x, y) = ok.split_at(10);
+    let chunked = format!(
+        "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{x}\r\n{:x}\r\n{y}\r\n0\r\n\r\n",
+        x.len(),
+        y.len()
+    );
+    let r = send_raw(a, chunked.as_bytes());
+    assert_eq!(r.status, 200, "a chunked body is read: {}", r.body);
+    // 10 MB: refused from its Content-Length before it is read; the client writes on another thread and the
+    // answer is read meanwhile, as a client that reads while it sends would.
+    let big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(10 << 20));
+    let mut conn = TcpStream::connect(a).unwrap();
+    let mut writer = conn.try_clone().unwrap();
+    let head = format!("POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", big.len());
+    let sending = std::thread::spawn(move || {
+        let _ = writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(big.as_bytes()));
+    });
+    let mut answer = [0u8; 512];
+    let n = conn.read(&mut answer).unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 413"),
+        "{}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+    drop(conn);
+    sending.join().unwrap();
+    let body = b"{\"prompt\": \"\xff\xfe\xfd\"}";
+    let mut invalid =
+        format!("POST /v1/completions HTTP/1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len())
+            .into_bytes();
+    invalid.extend_from_slice(body);
+    assert_eq!(send_raw(a, &invalid).status, 400, "invalid UTF-8");
+    assert_error(&request(a, "POST", "/v1/completions", "{\"prompt\": }"), 400, None);
+    for huge in [
+        r#"{"prompt": "a", "max_tokens": 1e400}"#,
+        r#"{"prompt": "a", "max_tokens": 99999999999999999999999}"#,
+        r#"{"prompt": "a", "seed": 1e30}"#,
+        r#"{"prompt": "a", "temperature": 1e400}"#,
+    ] {
+        let r = request(a, "POST", "/v1/completions", huge);
+        assert_error(&r, 400, None);
+    }
+    let old = send_raw(a, b"GET /health HTTP/1.0\r\n\r\n");
+    assert_eq!(old.status, 200, "HTTP/1.0 is answered, and its connection closed (send_raw read to the end)");
+    assert_eq!(request(a, "POST", "/v1/completions", ok).status, 200);
+}
+
+/// 8 clients × 20 requests, half of them speculative: every answer 200 (none 5xx, none refused), and each
+/// prompt's greedy text the same with speculation as without.
+#[test]
+fn eight_clients_twenty_requests_each_get_no_5xx() {
+    let server = Server::tiny(&["--parallel", "4", "--queue", "16"]);
+    let a = server.addr.clone();
+    let prompts = ["Once upon a time", "1, 2, 3, 4,", "def main():", PROMPT];
+    let handles: Vec<_> = (0..8)
+        .map(|c| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                (0..20)
+                    .map(|i| {
+                        let p = prompts[(c + i) % prompts.len()];
+                        let mut body = json!({"prompt": p, "max_tokens": 16, "temperature": 0});
+                        if i % 2 == 1 {
+                            body["speculation"] = json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 3});
+                        }
+                        let r = post(&a, "/v1/completions", &body);
+                        assert_eq!(r.status, 200, "client {c}, request {i}: {}", r.body);
+                        (p, r.json()["choices"][0]["text"].as_str().unwrap().to_string())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let mut texts = std::collections::HashMap::new();
+    let mut answered = 0;
+    for h in handles {
+        for (p, text) in h.join().unwrap() {
+            answered += 1;
+            assert_eq!(texts.entry(p).or_insert_with(|| text.clone()), &text, "prompt {p:?}");
+        }
+    }
+    assert_eq!(answered, 160);
+    assert_eq!(metric(&a, "requests_total{status=\"200\"}"), 160.0, "every request answered 200, none 5xx");
 }
 
 /// The official `openai` Python client against the server: installed from PyPI into a virtual environment
