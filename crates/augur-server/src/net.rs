@@ -93,21 +93,21 @@ pub async fn serve(listener: Capped, router: Router, timeouts: Timeouts, stop: i
 }
 
 /// An accepted connection; it frees its place in the cap when hyper drops it.
-pub struct Conn {
-    stream: TcpStream,
+pub struct Conn<S = TcpStream> {
+    stream: S,
     open: Arc<AtomicUsize>,
     write_timeout: Duration,
     /// Armed while a write waits for the client to read.
     stalled: Option<Pin<Box<Sleep>>>,
 }
 
-impl Drop for Conn {
+impl<S> Drop for Conn<S> {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-impl Conn {
+impl<S> Conn<S> {
     /// A write's outcome, with the stall clock: it starts when a write first waits and stops when one goes
     /// through; a write still waiting when it runs out fails with `TimedOut`, which ends the connection.
     fn stall<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
@@ -127,13 +127,13 @@ impl Conn {
     }
 }
 
-impl AsyncRead for Conn {
+impl<S: AsyncRead + Unpin> AsyncRead for Conn<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for Conn {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Conn<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.stream).poll_write(cx, buf);
@@ -167,6 +167,29 @@ impl AsyncWrite for Conn {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// A client that stops reading: once the pipe is full, the write that waits longer than the stall deadline
+    /// fails with `TimedOut`, and a write that goes through resets the clock.
+    #[tokio::test]
+    async fn a_stalled_write_times_out() {
+        let (server_end, mut client_end) = tokio::io::duplex(64);
+        let open = Arc::new(AtomicUsize::new(1));
+        let timeout = Duration::from_millis(200);
+        let mut conn = Conn { stream: server_end, open: Arc::clone(&open), write_timeout: timeout, stalled: None };
+        conn.write_all(&[0; 64]).await.unwrap();
+        let mut drained = [0u8; 64];
+        tokio::io::AsyncReadExt::read_exact(&mut client_end, &mut drained).await.unwrap();
+        conn.write_all(&[1; 64]).await.unwrap();
+        let t0 = std::time::Instant::now();
+        let e = conn.write_all(&[2; 64]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(t0.elapsed() >= timeout);
+        drop(conn);
+        assert_eq!(open.load(Ordering::Acquire), 0, "the connection gave its place back");
+    }
+
     #[test]
     fn the_busy_answer_is_well_formed() {
         let (head, body) = super::BUSY.split_once("\r\n\r\n").unwrap();
