@@ -883,3 +883,101 @@ fn openai_python_client() {
     assert!(out.status.success(), "{log}");
     assert!(log.contains("all openai client checks passed"), "{log}");
 }
+
+/// A port free now on loopback (bound and released; the test that takes it next is the only one asking).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Scale-out as the README shows it: nginx (Debian's package, installed by `.ci/run`) balancing two `augur serve`
+/// replicas; one replica is killed while 40 requests run, and nginx retries its requests on the other, so every
+/// request is answered 200.
+#[test]
+fn replicas_behind_nginx_survive_one_dying() {
+    let nginx = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists());
+    let Some(nginx) = nginx else {
+        panic!(
+            "nginx is not installed: `.ci/run` installs it with `apt-get install nginx`; install it to run this test"
+        );
+    };
+    let mut one = Server::tiny(&["--parallel", "2"]);
+    let two = Server::tiny(&["--parallel", "2"]);
+    let dir = root().join("target/nginx-test");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let port = free_port();
+    let root_user = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let conf = format!(
+        "{user}worker_processes 1;\ndaemon off;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log;\n\
+         events {{ worker_connections 256; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n\
+         fastcgi_temp_path {dir}/fastcgi;\n  uwsgi_temp_path {dir}/uwsgi;\n  scgi_temp_path {dir}/scgi;\n\
+         {upstream}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://augur;\n\
+         proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+         proxy_next_upstream error timeout http_502 http_503 non_idempotent;\n      proxy_next_upstream_tries 2;\n\
+         proxy_connect_timeout 2s;\n    }}\n  }}\n}}\n",
+        user = if root_user { "user root;\n" } else { "" },
+        dir = dir.display(),
+        upstream = include_str!("../../../tools/serve/nginx-upstream.conf")
+            .replace("127.0.0.1:8081", &one.addr)
+            .replace("127.0.0.1:8082", &two.addr),
+    );
+    let conf_path = dir.join("nginx.conf");
+    std::fs::write(&conf_path, conf).unwrap();
+    let proxy =
+        Nginx(Command::new(nginx).arg("-c").arg(&conf_path).arg("-p").arg(&dir).stderr(Stdio::null()).spawn().unwrap());
+    let addr = format!("127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while TcpStream::connect(&addr).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "nginx did not start: {}",
+            std::fs::read_to_string(dir.join("logs/error.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (addr, answered) = (addr.clone(), std::sync::Arc::clone(&answered));
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let body = json!({"prompt": format!("{c} {i} Once upon a time"), "max_tokens": 48, "temperature": 0, "ignore_eos": true});
+                    let r = post(&addr, "/v1/completions", &body);
+                    assert_eq!(r.status, 200, "client {c}, request {i} through nginx: {}", r.body);
+                    assert_eq!(r.json()["usage"]["completion_tokens"], 48);
+                    answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 10 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the first requests were not answered");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = one.child.kill();
+    let _ = one.child.wait();
+    let killed_at = answered.load(std::sync::atomic::Ordering::SeqCst);
+    for c in clients {
+        c.join().unwrap();
+    }
+    drop(proxy);
+    assert!(killed_at < 40, "the replica died while requests were still running");
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 40);
+    assert!(metric(&two.addr, "generations_total") > (40 - killed_at) as f64 - 1.0, "the survivor served the rest");
+    let log = std::fs::read_to_string(dir.join("logs/error.log")).unwrap_or_default();
+    assert!(log.contains(&one.addr), "nginx met the dead replica and retried elsewhere; its log:\n{log}");
+}
+
+/// nginx, stopped on drop with SIGTERM (its master then stops its workers; SIGKILL would leave them running).
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        let _ = self.0.wait();
+    }
+}

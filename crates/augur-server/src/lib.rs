@@ -646,7 +646,7 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
         Ok(r) => r,
         Err(e) => return error(e),
     };
-    let (stream, include_usage, n, logprobs) = (req.stream, req.include_usage, req.n, req.logprobs);
+    let shape = Shape { chat, stream: req.stream, include_usage: req.include_usage, n: req.n, logprobs: req.logprobs };
     let cancel = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = unbounded_channel();
     let worker = {
@@ -663,25 +663,31 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
         _ => return error(internal("the sequence ended before it started")),
     };
     let deadline = app.deadline.subscribe();
-    let mut response = answer(&server, rx, guard, deadline, meta, chat, stream, include_usage, n, logprobs).await;
+    let mut response = answer(&server, rx, guard, deadline, meta, shape).await;
     response.extensions_mut().insert(LoggedBySequence);
     response
 }
 
+/// What an answer looks like, as its request asked.
+#[derive(Clone, Copy)]
+struct Shape {
+    chat: bool,
+    stream: bool,
+    include_usage: bool,
+    n: usize,
+    logprobs: Option<api::LogprobsAsked>,
+}
+
 /// The answer of a started request: its events, or its whole body once the sequence is done.
-#[allow(clippy::too_many_arguments)]
 async fn answer(
     server: &Server,
     mut rx: UnboundedReceiver<Msg>,
     guard: CancelOnDrop,
     mut deadline: watch::Receiver<bool>,
     meta: Meta,
-    chat: bool,
-    stream: bool,
-    include_usage: bool,
-    n: usize,
-    logprobs: Option<api::LogprobsAsked>,
+    shape: Shape,
 ) -> Response {
+    let Shape { chat, stream, include_usage, n, logprobs } = shape;
     if stream {
         let first = vec![true; n];
         let events = Events { rx, _guard: guard, deadline, meta, chat, include_usage, first, queue: VecDeque::new() };
@@ -821,7 +827,7 @@ fn log_generation(id: &str, job: &Job, results: &[augur::Result<GenerationOutput
         id,
         method = "POST",
         path,
-        status = error.map_or(200, |e| error_status(e)),
+        status = error.map_or(200, error_status),
         n = job.req.n,
         stream = job.req.stream,
         user = job.req.user.as_deref(),

@@ -26,6 +26,9 @@ use crate::error::{Error, Result};
 /// New tokens generated when neither `max_new_tokens` nor `max_length` is set (Transformers' default `max_length` 20
 /// is added to the prompt length in that case).
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 20;
+
+/// `sequence_bias`: token sequences, each with the bias added to its last token (see the field).
+pub type SequenceBias = Vec<(Vec<u32>, f32)>;
 pub const DEFAULT_NUM_ASSISTANT_TOKENS: usize = 20;
 pub const DEFAULT_ASSISTANT_CONFIDENCE_THRESHOLD: f32 = 0.4;
 pub const DEFAULT_MAX_MATCHING_NGRAM_SIZE: usize = 2;
@@ -147,7 +150,7 @@ generation_fields! {
     /// `[[[ids…], bias], …]`: a one-token sequence's bias always applies to that token; a longer one's applies to
     /// its last token when the context ends with the rest. A repeated sequence keeps its last bias. OpenAI's
     /// `logit_bias` is the one-token case.
-    sequence_bias: plain Vec<(Vec<u32>, f32)> = Vec::new(), parse_sequence_bias;
+    sequence_bias: plain SequenceBias = Vec::new(), parse_sequence_bias;
     /// Seed of the sampler; `None` seeds from the OS. Not a Transformers field (it seeds torch globally).
     seed: opt u64 = (), parse_de::<u64>;
     /// End-of-sequence token ids; JSON accepts one id or a list. Empty: generation stops only on length.
@@ -222,7 +225,7 @@ fn parse_token_ids(field: &str, v: &Value) -> Result<Option<Vec<u32>>> {
 
 /// `[[[ids…], bias], …]`, with Transformers' error for any other shape; a repeated sequence keeps its last bias
 /// (Transformers turns the list into a dict keyed by the sequence).
-fn parse_sequence_bias(field: &str, v: &Value) -> Result<Option<Vec<(Vec<u32>, f32)>>> {
+fn parse_sequence_bias(field: &str, v: &Value) -> Result<Option<SequenceBias>> {
     let bad = || {
         Error::config(
             field,
@@ -238,7 +241,7 @@ fn parse_sequence_bias(field: &str, v: &Value) -> Result<Option<Vec<(Vec<u32>, f
             format!("`sequence_bias` has to be a non-empty dictionary, or non-empty list of lists but is {v}."),
         ));
     };
-    let mut out: Vec<(Vec<u32>, f32)> = Vec::with_capacity(items.len());
+    let mut out: SequenceBias = Vec::with_capacity(items.len());
     for item in items {
         let (ids, bias) = match item.as_array().map(Vec::as_slice) {
             Some([Value::Array(ids), bias]) if !ids.is_empty() => (ids, bias.as_f64().ok_or_else(bad)?),

@@ -4,7 +4,7 @@
 //! Each step reproduces the torch code's semantics on a single row of f32 logits; filtered entries become `-inf`.
 //! Sorting is avoided where torch sorts: top-k uses a selection, top-p sorts only the tokens that could survive.
 
-use super::config::GenerationConfig;
+use super::config::{GenerationConfig, SequenceBias};
 use super::sampler::{max_and_nan, softmax_in_place};
 use crate::error::Result;
 
@@ -13,7 +13,7 @@ const NEG_INF: f32 = f32::NEG_INFINITY;
 /// The processors `generate()` would apply for one configuration and prompt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogitsProcessor {
-    sequence_bias: Vec<(Vec<u32>, f32)>,
+    sequence_bias: SequenceBias,
     repetition_penalty: Option<f32>,
     eos_token_ids: Vec<u32>,
     /// EOS is suppressed while the context (prompt included) is shorter than this.
