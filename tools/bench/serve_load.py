@@ -2,11 +2,13 @@
 """A bounded load run against an OpenAI-compatible server (`augur serve`, `llama-server`, ...).
 
 N concurrent clients each send R completion requests (prompts from a file, one per line, or a built-in set),
-non-streamed, greedy, with `ignore_eos` so every request generates exactly --max-tokens tokens. Reports
-aggregate throughput and p50/p99 request latency as one JSON line. Standard library only.
+greedy, with `ignore_eos` so every request generates exactly --max-tokens tokens. Reports aggregate throughput
+and p50/p99 request latency as one JSON line; with --stream the answers are streamed and the time to the first
+text (p50/p99) is reported too. Standard library only.
 
     python3 tools/bench/serve_load.py --url http://127.0.0.1:8080 --clients 4 --requests 8 --max-tokens 128 \
-        [--speculation '{"method": "prompt_lookup", "prompt_lookup_num_tokens": 10}'] [--prompts FILE] [--chat]
+        [--speculation '{"method": "prompt_lookup", "prompt_lookup_num_tokens": 10}'] [--prompts FILE] [--chat] \
+        [--stream]
 """
 
 import argparse
@@ -34,13 +36,14 @@ def main():
     ap.add_argument("--prompts", default=None)
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--speculation", default=None, help="JSON for augur's `speculation` field")
+    ap.add_argument("--stream", action="store_true", help="stream the answers and time the first text")
     args = ap.parse_args()
     prompts = DEFAULT_PROMPTS
     if args.prompts:
         with open(args.prompts) as f:
             prompts = [l.rstrip("\n") for l in f if l.strip()]
     path = "/v1/chat/completions" if args.chat else "/v1/completions"
-    latencies, tokens, errors = [], [], []
+    latencies, first_text, tokens, errors = [], [], [], []
     lock = threading.Lock()
 
     def client(c):
@@ -55,17 +58,35 @@ def main():
                 body["prompt"] = prompt
             if args.speculation:
                 body["speculation"] = json.loads(args.speculation)
+            if args.stream:
+                body["stream"] = True
+                body["stream_options"] = {"include_usage": True}
             req = urllib.request.Request(
                 args.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
             )
             t0 = time.perf_counter()
             try:
+                first, used = None, None
                 with urllib.request.urlopen(req, timeout=600) as resp:
-                    out = json.loads(resp.read())
+                    if args.stream:
+                        for line in resp:
+                            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                                continue
+                            event = json.loads(line[6:])
+                            choice = (event.get("choices") or [{}])[0]
+                            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                            if text and first is None:
+                                first = time.perf_counter() - t0
+                            if event.get("usage"):
+                                used = event["usage"]["completion_tokens"]
+                    else:
+                        used = json.loads(resp.read())["usage"]["completion_tokens"]
                 dt = time.perf_counter() - t0
                 with lock:
                     latencies.append(dt)
-                    tokens.append(out["usage"]["completion_tokens"])
+                    tokens.append(used or 0)
+                    if first is not None:
+                        first_text.append(first)
             except Exception as e:  # noqa: BLE001 - counted and reported
                 with lock:
                     errors.append(str(e))
@@ -77,8 +98,8 @@ def main():
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    lat = sorted(latencies)
-    pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None  # noqa: E731
+    lat, ttft = sorted(latencies), sorted(first_text)
+    pick = lambda q, xs=lat: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None  # noqa: E731
     print(
         json.dumps(
             {
@@ -91,6 +112,8 @@ def main():
                 "latency_p50_s": pick(0.5),
                 "latency_p99_s": pick(0.99),
                 "latency_mean_s": statistics.mean(lat) if lat else None,
+                "ttft_p50_s": pick(0.5, ttft),
+                "ttft_p99_s": pick(0.99, ttft),
                 "speculation": json.loads(args.speculation) if args.speculation else None,
             }
         )
