@@ -16,11 +16,15 @@ if [ ! -d "$OUT/src" ]; then
   mv "$OUT/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" "$OUT/src"
   rm -rf "$OUT/sdist"
 fi
-# The x86 extensions are named one by one instead of -march=native: the build machine's CPU advertises AMX, whose
-# use the kernel refused there (an illegal instruction at run time), so AMX stays off.
+# The x86 extensions are named one by one instead of -march=native, each on only where /proc/cpuinfo lists it:
+# one build machine advertised AMX, whose use the kernel refused (an illegal instruction at run time), so AMX stays
+# off; another (AMD EPYC) has AVX-512 VNNI but not the VEX-encoded AVX-VNNI.
+has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null && echo ON || echo OFF; }
 cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
-  -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON \
-  -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+  -DGGML_AVX="$(has avx)" -DGGML_AVX2="$(has avx2)" -DGGML_FMA="$(has fma)" -DGGML_F16C="$(has f16c)" \
+  -DGGML_BMI2="$(has bmi2)" -DGGML_AVX_VNNI="$(has avx_vnni)" -DGGML_AVX512="$(has avx512f)" \
+  -DGGML_AVX512_VBMI="$(has avx512vbmi)" -DGGML_AVX512_VNNI="$(has avx512_vnni)" \
+  -DGGML_AVX512_BF16="$(has avx512_bf16)" \
   -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
 cmake --build "$OUT/build" -j"$(nproc)" --target llama-bench llama-speculative-simple llama-speculative \
