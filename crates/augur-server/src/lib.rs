@@ -1,6 +1,7 @@
 //! An OpenAI-compatible HTTP server over augur's pipeline (`augur serve` runs it).
 //!
-//! HTTP is axum's (hyper on tokio); generation stays on the engine's threads. Every admitted request runs as its
+//! HTTP is hyper's on tokio, under axum's router, with our accept loop for the connection cap and the deadlines
+//! (`net`); generation stays on the engine's threads. Every admitted request runs as its
 //! own sequence (a fork of the loaded pipeline: shared weights, its own KV cache and drafter state) on a thread
 //! of its own, which sends its text to the async handler through a channel; up to `parallel` sequences run at
 //! once, and the forwards they call at the same time run as one batched forward (linear layers over the rows of
@@ -197,6 +198,17 @@ impl Server {
             )
             .with(404, "invalid_request_error", "model_not_found")),
             _ => Ok(()),
+        }
+    }
+
+    /// Every id of `ids` must be in the vocabulary; the first one beyond it is refused, naming `param(i)`.
+    fn check_vocabulary(&self, ids: &[u32], param: impl Fn(usize) -> String) -> Result<(), ApiError> {
+        match ids.iter().position(|&t| t as usize >= self.vocab_size) {
+            Some(i) => Err(ApiError::param(
+                param(i),
+                format!("token id {} is beyond the vocabulary of {} tokens", ids[i], self.vocab_size),
+            )),
+            None => Ok(()),
         }
     }
 }
@@ -517,8 +529,8 @@ async fn not_found(req: Request) -> Response {
 /// The body, or the error its rejection (too large, unreadable) is answered with.
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
-        let timed_out = std::error::Error::source(&r)
-            .is_some_and(|e| e.to_string().contains("timed out") || format!("{e:?}").contains("Timeout"));
+        let timed_out = std::iter::successors(std::error::Error::source(&r), |e| e.source())
+            .any(|e| e.is::<tower_http::timeout::TimeoutError>());
         match r.status() {
             StatusCode::PAYLOAD_TOO_LARGE => {
                 ApiError::bad(r.body_text()).with(413, "invalid_request_error", "request_too_large")
@@ -560,12 +572,7 @@ async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejectio
         let server = app.ready()?;
         let b: api::DetokenizeBody = api::typed(&body_bytes(body)?)?;
         server.check_model(b.model.as_deref())?;
-        if let Some(i) = b.tokens.iter().position(|&t| t as usize >= server.vocab_size) {
-            return Err(ApiError::param(
-                format!("tokens[{i}]"),
-                format!("token id {} is beyond the vocabulary of {} tokens", b.tokens[i], server.vocab_size),
-            ));
-        }
+        server.check_vocabulary(&b.tokens, |i| format!("tokens[{i}]"))?;
         let text = server.tokenizer.decode(&b.tokens, false).map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(json!({"prompt": text, "content": text}))
     };
@@ -937,19 +944,9 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
             format!("`n` is {} but this server runs at most {} sequences at once", req.n, server.scheduler.slots),
         ));
     }
-    let beyond = |ids: &[u32]| ids.iter().position(|&t| t as usize >= server.vocab_size);
-    if let Some(i) = beyond(&req.stop_token_ids) {
-        return Err(ApiError::param(
-            format!("stop_token_ids[{i}]"),
-            format!("token id {} is beyond the vocabulary of {} tokens", req.stop_token_ids[i], server.vocab_size),
-        ));
-    }
-    if let Some((ids, _)) = req.options.sequence_bias.iter().flatten().find(|(ids, _)| beyond(ids).is_some()) {
-        return Err(ApiError::param(
-            "logit_bias",
-            format!("token id {} is beyond the vocabulary of {} tokens", ids[0], server.vocab_size),
-        ));
-    }
+    server.check_vocabulary(&req.stop_token_ids, |i| format!("stop_token_ids[{i}]"))?;
+    let biased: Vec<u32> = req.options.sequence_bias.iter().flatten().flat_map(|(ids, _)| ids).copied().collect();
+    server.check_vocabulary(&biased, |_| "logit_bias".to_string())?;
     let mut generation = req.options.clone();
     let mut method = None;
     match &req.speculation {

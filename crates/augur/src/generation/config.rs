@@ -26,13 +26,13 @@ use crate::error::{Error, Result};
 /// New tokens generated when neither `max_new_tokens` nor `max_length` is set (Transformers' default `max_length` 20
 /// is added to the prompt length in that case).
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 20;
-
-/// `sequence_bias`: token sequences, each with the bias added to its last token (see the field).
-pub type SequenceBias = Vec<(Vec<u32>, f32)>;
 pub const DEFAULT_NUM_ASSISTANT_TOKENS: usize = 20;
 pub const DEFAULT_ASSISTANT_CONFIDENCE_THRESHOLD: f32 = 0.4;
 pub const DEFAULT_MAX_MATCHING_NGRAM_SIZE: usize = 2;
 pub const DEFAULT_LOOKBEHIND: usize = 10;
+
+/// `sequence_bias`: token sequences, each with the bias added to its last token (see the field).
+pub type SequenceBias = Vec<(Vec<u32>, f32)>;
 
 /// How the assistant's draft length changes between rounds (`num_assistant_tokens_schedule`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

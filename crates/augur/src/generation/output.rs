@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::sampler::log_sum_exp;
 use super::stopping::{FinishReason, StopHit, StopStrings};
 use crate::error::Result;
 use crate::tokenizer::{TextStream, Tokenizer};
@@ -76,9 +77,7 @@ pub struct TokenLogprob {
 impl TokenLogprob {
     /// `token`'s entry from one row of raw logits `[vocab]`.
     pub fn from_logits(row: &[f32], token: u32, top: usize) -> Self {
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f64 = row.iter().map(|&x| f64::from(x - max).exp()).sum();
-        let log_z = max + sum.ln() as f32;
+        let log_z = log_sum_exp(row);
         let logprob = row.get(token as usize).map_or(f32::NEG_INFINITY, |&x| x - log_z);
         let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
         if top > 0 {

@@ -78,6 +78,25 @@ pub(crate) fn max_and_nan(values: &[f32]) -> (f32, bool) {
     (lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max), nan)
 }
 
+/// `ln Σ exp(x)` over finite `values` (the log-softmax's normaliser), shifted by the largest and summed in double
+/// precision in eight lanes, as [`softmax_in_place`] sums.
+pub(crate) fn log_sum_exp(values: &[f32]) -> f32 {
+    let (max, _) = max_and_nan(values);
+    if !max.is_finite() {
+        return max;
+    }
+    let mut lanes = [0.0f64; 8];
+    let chunks = values.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (s, &x) in lanes.iter_mut().zip(chunk) {
+            *s += exp_f32(x - max) as f64;
+        }
+    }
+    let sum = lanes.iter().sum::<f64>() + rest.iter().map(|&x| exp_f32(x - max) as f64).sum::<f64>();
+    max + sum.ln() as f32
+}
+
 /// Sum in double precision (so 150k small terms lose nothing), eight lanes so it vectorises.
 pub(crate) fn sum_f64(values: &[f32]) -> f64 {
     let mut lanes = [0.0f64; 8];
