@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 VERSION=0.3.36
 if [ ! -d "$OUT/src" ]; then
-  python3 -m pip download --no-deps --no-binary :all: --disable-pip-version-check "llama-cpp-python==$VERSION" -d "$OUT/sdist"
+  python3 -m pip download --no-deps --no-binary llama-cpp-python --disable-pip-version-check "llama-cpp-python==$VERSION" -d "$OUT/sdist"
   tar xzf "$OUT/sdist/llama_cpp_python-$VERSION.tar.gz" -C "$OUT/sdist"
   mv "$OUT/sdist/llama_cpp_python-$VERSION/vendor/llama.cpp" "$OUT/src"
   rm -rf "$OUT/sdist"

@@ -8,9 +8,12 @@
           the draft model, llama-lookup (n-gram). Speedups are each tool's method over its own plain decoding,
           on total (prefill + decode) seconds, summed over prompts; each (prompt, method) is the median of REPS
           runs, the methods taking turns within each repetition.
+  prefill: prefill tokens per second at each of --pp-list: augur with AMX tiles where the CPU grants them,
+          augur with `AUGUR_AMX=off` (VNNI only) and llama-bench, the three alternated REPS times; medians.
 
 Usage:
   tools/bench/vs_llama_cpp.py speed --llama-bin DIR --augur target/release/augur --threads 2 --reps 3 M.gguf...
+  tools/bench/vs_llama_cpp.py prefill --llama-bin DIR --threads 2 --reps 3 --pp-list 128,512,2048 M.gguf...
   tools/bench/vs_llama_cpp.py spec --llama-bin DIR --augur target/release/augur --threads 2 \
       --model TARGET.gguf [--draft DRAFT.gguf] --prompts question.jsonl --limit 2 --reps 3 [--categories a,b]
 
@@ -35,10 +38,13 @@ def run(cmd, timeout=3600):
     return p.stdout, p.stderr
 
 
-def augur_speed(augur, model, threads, pp, tg):
+def augur_speed(augur, model, threads, pp, tg, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        run([augur, "bench", "--model", model, "--threads", str(threads), "-p", str(pp), "-n", str(tg),
-             "--reps", "1", "--k", "1,2,4,8", "--json", f.name])
+        cmd = [augur, "bench", "--model", model, "--threads", str(threads), "-p", str(pp), "-n", str(tg),
+               "--reps", "1", "--k", "1,2,4,8", "--json", f.name]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env={**os.environ, **(env or {})})
+        if p.returncode != 0:
+            sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-3000:]}")
         return json.load(open(f.name))
 
 
@@ -85,6 +91,26 @@ def speed(args):
     for r in rows:
         print(f"| {r['model']} | " + " | ".join(f"{r['k_cost'][k]:.2f}x" for k in ks) + " |")
     return {"rows": rows, "raw": raw}
+
+
+def prefill(args):
+    rows = []
+    for model in args.models:
+        for pp in [int(p) for p in args.pp_list.split(",")]:
+            tiles, vnni, theirs = [], [], []
+            for _ in range(args.reps):
+                tiles.append(augur_speed(args.augur, model, args.threads, pp, 0)["prefill_tokens_per_s"])
+                vnni.append(augur_speed(args.augur, model, args.threads, pp, 0, {"AUGUR_AMX": "off"})
+                            ["prefill_tokens_per_s"])
+                theirs.append(llama_speed(args.llama_bin, model, args.threads, pp, 0)["prefill_tokens_per_s"])
+            rows.append({"model": os.path.basename(model), "pp": pp, "tiles": tiles, "vnni": vnni, "llama": theirs})
+    print(f"\n{args.threads} threads, prefill tokens/s, median of {args.reps} alternated runs\n")
+    print("| model | prompt | augur, AMX | augur, VNNI only | llama.cpp | AMX / llama.cpp | AMX / VNNI |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        t, v, l = (statistics.median(r[k]) for k in ("tiles", "vnni", "llama"))
+        print(f"| {r['model']} | {r['pp']} | {t:.1f} | {v:.1f} | {l:.1f} | {t / l:.2f}x | {t / v:.2f}x |")
+    return {"rows": rows}
 
 
 NUM = r"([0-9.]+)"
@@ -183,7 +209,7 @@ def spec(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["speed", "spec"])
+    ap.add_argument("mode", choices=["speed", "prefill", "spec"])
     ap.add_argument("models", nargs="*", help="speed: the GGUF files")
     ap.add_argument("--llama-bin", required=True)
     ap.add_argument("--augur", default="target/release/augur")
@@ -191,6 +217,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=64)
+    ap.add_argument("--pp-list", default="128,512,2048", help="prefill: the prompt lengths")
     ap.add_argument("--model", help="spec: the target GGUF")
     ap.add_argument("--draft", help="spec: the draft GGUF (same tokenizer)")
     ap.add_argument("--draft-max", type=int, default=4, help="spec: llama.cpp's --spec-draft-n-max")
@@ -201,7 +228,7 @@ def main():
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--augur-json", help="spec: reuse this earlier `augur bench --json` output instead of running augur")
     args = ap.parse_intermixed_args()
-    result = speed(args) if args.mode == "speed" else spec(args)
+    result = {"speed": speed, "prefill": prefill, "spec": spec}[args.mode](args)
     with open(args.out + f".{args.mode}.json", "w") as f:
         json.dump(result, f, indent=1)
 

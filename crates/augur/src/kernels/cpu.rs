@@ -15,6 +15,9 @@ pub struct Features {
     pub avx512f: bool,
     /// AVX-512 F, BW and VNNI with F16C (the interleaved quantized products).
     pub avx512_vnni: bool,
+    /// AMX-INT8 tiles with the kernel's permission for their state, beside AVX-512 VNNI (the tile products of
+    /// 16 rows or more, [`super::amx`]).
+    pub amx_int8: bool,
 }
 
 /// This machine's features (detected on the first call).
@@ -36,15 +39,17 @@ fn detect() -> Features {
     };
     let avx2_fma = has("avx2") && has("fma");
     let avx512f = has("avx512f");
+    let avx512_vnni = avx512f && has("avx512bw") && has("avx512vnni") && has("f16c");
     Features {
         avx2_fma,
         avx2_fma_f16c: avx2_fma && has("f16c"),
         avx512f,
-        avx512_vnni: avx512f && has("avx512bw") && has("avx512vnni") && has("f16c"),
+        avx512_vnni,
+        amx_int8: avx512_vnni && super::amx::request(),
     }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Features {
-    Features { avx2_fma: false, avx2_fma_f16c: false, avx512f: false, avx512_vnni: false }
+    Features { avx2_fma: false, avx2_fma_f16c: false, avx512f: false, avx512_vnni: false, amx_int8: false }
 }

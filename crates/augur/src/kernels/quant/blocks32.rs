@@ -19,8 +19,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 use super::{
-    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel,
-    GROUP, GROUP_TILE,
+    over_groups, regroup, rows_of, ActFormat, AmxTile, GroupTiles, QuantKernel, RowReader, SharedActivations,
+    SharedKernel, GROUP, GROUP_TILE,
 };
 use crate::error::{Error, Result};
 use crate::kernels::parallel::{for_each_chunk, SharedOut};
@@ -157,6 +157,7 @@ impl SharedKernel for BlockMatrix {
             data: &self.data,
             n: self.n,
             group_bytes: nb * GROUP * kind.block_bytes(),
+            amx: self.amx_tile(act),
             tile: Box::new(move |w, r0, rows, at, stride| {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the interleaved layout is only built where AVX-512 F, BW, VNNI and F16C were detected
@@ -173,6 +174,29 @@ impl SharedKernel for BlockMatrix {
 }
 
 impl BlockMatrix {
+    /// The AMX side of [`SharedKernel::group_tiles`] where tiles are available, for the types they make faster:
+    /// not Q4_1, whose minimum term adds a multiply-add per row and block to the scaling after each tile and
+    /// whose product measured slower through tiles than through VNNI (BENCHMARKS.md).
+    fn amx_tile<'a>(&'a self, act: &'a Q8Rows) -> Option<AmxTile<'a>> {
+        let kind = self.kind;
+        if !crate::kernels::cpu::features().amx_int8 || self.layout != Layout::Interleaved || kind == BlockKind::Q4_1 {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        return Some(AmxTile {
+            unpacked_bytes: self.k / QK * 512,
+            // SAFETY: AVX-512 F and BW were detected (tiles are only granted beside AVX-512 VNNI).
+            unpack: Box::new(move |w, out| unsafe { avx512::unpack_signed(kind, w, out) }),
+            // SAFETY: AVX-512 F, BW and F16C were detected; `run_rows` passes a group and its unpacked integers,
+            // and its caller vouches for `at` and `stride` and the tiles of this thread.
+            tile: Box::new(move |tiles, ints, r0, at, stride| unsafe {
+                avx512::amx_tile(kind, tiles, ints, act, r0, (at, stride))
+            }),
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("tiles are granted only on x86-64 ({kind:?}, {})", act.d.len())
+    }
+
     /// `Some` for the block types this machine has a kernel for, in the fastest layout it can run.
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
         let layout = match Simd::detect() {
@@ -580,6 +604,8 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, GROUP_TILE, QK};
+    use crate::kernels::amx::{Tiles, ROWS};
+    use crate::kernels::quant::GroupInts;
 
     /// A [`group_tile`] instance for one weight type and row count `R`: `tile(w, nb, act, r0, out, stride)`.
     ///
@@ -685,6 +711,112 @@ mod avx512 {
         _mm512_storeu_si512(isum.as_mut_ptr() as *mut _, _mm512_cvtps_epi32(sums));
     }
 
+    /// The held integers of the group-block at `blk`: vector c holds elements 4c..4c + 4 of the 16 rows, as
+    /// `vpdpbusd` takes them and as a tile holds a block's weights in its 8 rows.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW, and `blk` is valid for reads of one group-block of `kind`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn block_ints(kind: BlockKind, blk: *const u8) -> [__m512i; 8] {
+        let mut wq = [_mm512_setzero_si512(); 8];
+        if kind == BlockKind::Q8_0 {
+            for (c, v) in wq.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(blk.add(64 * c) as *const _);
+            }
+            return wq;
+        }
+        let low = _mm512_set1_epi8(0x0F);
+        for c in 0..4 {
+            let v = _mm512_loadu_si512(blk.add(64 * c) as *const _);
+            wq[c] = _mm512_and_si512(v, low);
+            wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        if kind == BlockKind::Q5_0 {
+            let fifth = _mm512_set1_epi8(0x10);
+            for (c, v) in wq.iter_mut().enumerate() {
+                let bits = (blk.add(256 + 8 * c) as *const u64).read_unaligned();
+                *v = _mm512_mask_add_epi8(*v, bits, *v, fifth);
+            }
+        }
+        wq
+    }
+
+    /// A group's integers (`w`: whole group-blocks of `kind`) as the AMX tile takes them: per block, the 8
+    /// vectors of [`block_ints`] less the type's offset, as signed bytes (512 per block), so that a tile's
+    /// integer dot product equals the VNNI kernel's after its offset correction.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW (the lengths are checked).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn unpack_signed(kind: BlockKind, w: &[u8], out: &mut [i8]) {
+        let block_bytes = GROUP * kind.block_bytes();
+        assert_eq!(out.len(), w.len() / block_bytes * 512, "unpacked bytes of a {kind:?} group");
+        let offset = _mm512_set1_epi8(kind.offset() as u8 as i8);
+        for (blk, dst) in w.chunks_exact(block_bytes).zip(out.chunks_exact_mut(512)) {
+            for (c, v) in block_ints(kind, blk.as_ptr()).iter().enumerate() {
+                _mm512_storeu_si512(dst.as_mut_ptr().add(64 * c) as *mut _, _mm512_sub_epi8(*v, offset));
+            }
+        }
+    }
+
+    /// [`group_tile`] for 16 activation rows through AMX tiles, for Q4_0, Q5_0 and Q8_0: the integer dot
+    /// products of 2 blocks at a time from [`Tiles::dots`] against the group's `unpacked` integers (the next 2
+    /// asked for before these are scaled, so that the tiles work while the vector units scale), then per row
+    /// and block the same scaling as the VNNI tile: the same operations in the same order, so the same bits.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and F16C; `tiles` configured on this thread; `w` one group of `kind`, `unpacked` its
+    /// [`unpack_signed`] integers and `dots` room for 4 tile results; `out` valid for writes of 16 floats at
+    /// each `r · stride`, `r < 16`, that no other thread accesses meanwhile. The activation rows are checked.
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    pub unsafe fn amx_tile(
+        kind: BlockKind,
+        tiles: &Tiles,
+        (w, unpacked, dots): GroupInts,
+        act: &Q8Rows,
+        r0: usize,
+        (out, stride): (*mut f32, usize),
+    ) {
+        const CHUNK: usize = 2;
+        let block_bytes = GROUP * kind.block_bytes();
+        let nb = w.len() / block_bytes;
+        let k = nb * QK;
+        let quant_bytes = group_quant_bytes(kind);
+        assert!((r0 + ROWS) * nb <= act.d.len() && (r0 + ROWS) * k <= act.qs.len(), "activation rows {r0}..+16");
+        assert!(unpacked.len() == nb * 512 && dots.len() >= 2 * CHUNK, "unpacked integers of the group");
+        assert_ne!(kind, BlockKind::Q4_1, "Q4_1 has no AMX tile");
+        let d = act.d.as_ptr();
+        let (even, odd) = dots.split_at_mut(CHUNK);
+        let halves = [even, &mut odd[..CHUNK]];
+        let run = |b0: usize, into: &mut [[i32; ROWS * ROWS]]| {
+            let a = act.qs.as_ptr().add(r0 * k + b0 * QK);
+            // SAFETY: 16 activation rows of `k` from r0 exist (checked), of which these blocks' bytes are read;
+            // `unpacked` holds every block (checked).
+            tiles.dots::<QK>(a, k, unpacked.as_ptr().add(b0 * 512), &mut into[..CHUNK.min(nb - b0)]);
+        };
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        run(0, halves[0]);
+        for (c, b0) in (0..nb).step_by(CHUNK).enumerate() {
+            if b0 + CHUNK < nb {
+                run(b0 + CHUNK, halves[(c + 1) % 2]);
+            }
+            for (i, dot) in halves[c % 2][..CHUNK.min(nb - b0)].iter().enumerate() {
+                let b = b0 + i;
+                let blk = w.as_ptr().add(b * block_bytes);
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(quant_bytes) as *const __m256i));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let dot = _mm512_loadu_si512(dot.as_ptr().add(ROWS * r) as *const _);
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*d.add((r0 + r) * nb + b)));
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(r * stride), *acc);
+        }
+    }
+
     /// `R` activation rows (from `r0`) against one interleaved group of 16 weight rows (`w`: `nb` group-blocks):
     /// writes `out[r · stride .. r · stride + 16]` for each. Per row and block: 8 `vpdpbusd` give the 16 integer
     /// dot products, the held-integer offset is subtracted exactly, and one FMA scales them into the sums; the
@@ -706,10 +838,7 @@ mod avx512 {
         let k = nb * QK;
         let block_bytes = GROUP * kind.block_bytes();
         let quant_bytes = group_quant_bytes(kind);
-        let low = _mm512_set1_epi8(0x0F);
-        let fifth = _mm512_set1_epi8(0x10);
         let mut acc = [_mm512_setzero_ps(); R];
-        let mut wq = [_mm512_setzero_si512(); 8];
         // Checked once here, so that the row loop carries no bounds checks (scalar work next to the vector ops).
         assert!((r0 + R) * nb <= act.d.len() && (r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
         let (qs, d, s, correction) = (act.qs.as_ptr(), act.d.as_ptr(), act.s.as_ptr(), act.correction.as_ptr());
@@ -719,23 +848,7 @@ mod avx512 {
             for line in (0..block_bytes).step_by(64) {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
             }
-            if kind == BlockKind::Q8_0 {
-                for (c, v) in wq.iter_mut().enumerate() {
-                    *v = _mm512_loadu_si512(blk.add(64 * c) as *const _);
-                }
-            } else {
-                for c in 0..4 {
-                    let v = _mm512_loadu_si512(blk.add(64 * c) as *const _);
-                    wq[c] = _mm512_and_si512(v, low);
-                    wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                }
-                if kind == BlockKind::Q5_0 {
-                    for (c, v) in wq.iter_mut().enumerate() {
-                        let bits = (blk.add(256 + 8 * c) as *const u64).read_unaligned();
-                        *v = _mm512_mask_add_epi8(*v, bits, *v, fifth);
-                    }
-                }
-            }
+            let wq = block_ints(kind, blk);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(quant_bytes) as *const __m256i));
             let mw = if kind == BlockKind::Q4_1 {
                 _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(quant_bytes + 32) as *const __m256i))
@@ -896,6 +1009,42 @@ pub(super) mod tests {
         let q4 = BlockMatrix::with_layout(&weights(GgmlDType::Q4_1, 16, k), Layout::Interleaved).unwrap().unwrap();
         assert!(matmul_shared(&[&q4, &other], &input(1, k), 1, k).is_none());
         assert!(matmul_silu_gated(&q4, &other, &input(1, k), 1, k).is_none());
+    }
+
+    /// Rows computed through AMX tiles (16 at a time) are bit for bit the same rows computed alone through
+    /// VNNI, for every type (Q4_1 through VNNI only), alone, shared and gated; 11 blocks leave an odd block in the tile calls, and 37
+    /// rows leave 5 rows to VNNI in the same product.
+    #[test]
+    fn tile_rows_match_vnni_rows() {
+        use std::sync::atomic::Ordering;
+        if Simd::detect() != Simd::Avx512 {
+            return;
+        }
+        let tiles = crate::kernels::amx::tested_here("tile_rows_match_vnni_rows");
+        let before = crate::kernels::amx::PRODUCTS.load(Ordering::Relaxed);
+        let (n, k, m) = (70, 11 * QK, 37);
+        let x = input(m, k);
+        for kind in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0] {
+            let bm = BlockMatrix::with_layout(&weights(kind, n, k), Layout::Interleaved).unwrap().unwrap();
+            let up_values: Vec<f32> = input(64, k).iter().map(|v| v * 3.0).collect();
+            let up_q = QTensor::quantize(&Tensor::from_vec(up_values, (64, k), &Device::Cpu).unwrap(), kind).unwrap();
+            let up = BlockMatrix::with_layout(&up_q, Layout::Interleaved).unwrap().unwrap();
+            let gate = BlockMatrix::with_layout(&weights(kind, 64, k), Layout::Interleaved).unwrap().unwrap();
+            let all = bm.matmul(&x, m);
+            let (ups, gates) = (up.matmul(&x, m), gate.matmul(&x, m));
+            for r in 0..m {
+                let row = &x[r * k..(r + 1) * k];
+                assert_eq!(&all[r * n..(r + 1) * n], &bm.matmul(row, 1)[..], "{kind:?} row {r}");
+                assert_eq!(&ups[r * 64..(r + 1) * 64], &up.matmul(row, 1)[..], "{kind:?} up row {r}");
+            }
+            assert_eq!(matmul_shared(&[&bm, &up], &x, m, k).unwrap(), [all, ups.clone()], "{kind:?} shared");
+            let mut expected = ups;
+            crate::kernels::activations::silu_mul(&gates, &mut expected);
+            assert_eq!(matmul_silu_gated(&gate, &up, &x, m, k).unwrap(), expected, "{kind:?} gated");
+        }
+        if tiles {
+            assert!(crate::kernels::amx::PRODUCTS.load(Ordering::Relaxed) > before, "no tile product ran");
+        }
     }
 
     /// The gated product gives the bits of the gate and up products followed by `silu_mul`.

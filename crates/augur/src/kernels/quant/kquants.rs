@@ -16,8 +16,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
 use super::{
-    over_groups, regroup, rows_of, ActFormat, GroupTiles, QuantKernel, RowReader, SharedActivations, SharedKernel,
-    GROUP,
+    over_groups, regroup, rows_of, ActFormat, AmxTile, GroupTiles, QuantKernel, RowReader, SharedActivations,
+    SharedKernel, GROUP,
 };
 use crate::error::{Error, Result};
 
@@ -162,10 +162,21 @@ impl SharedKernel for SuperBlockMatrix {
     fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a> {
         let SharedActivations::SuperBlocks(act) = act else { unreachable!("activations of another format") };
         let kind = self.kind;
+        let amx = crate::kernels::cpu::features().amx_int8.then(|| AmxTile {
+            unpacked_bytes: 16 * self.k,
+            // SAFETY: AVX-512 F and BW were detected (a `SuperBlockMatrix` is only built where they were).
+            unpack: Box::new(move |w, out| unsafe { avx512::unpack_signed(kind, w, out) }),
+            // SAFETY: AVX-512 F, BW, VNNI and F16C were detected; `run_rows` passes a group and its unpacked
+            // integers, and its caller vouches for `at` and `stride` and the tiles of this thread.
+            tile: Box::new(move |tiles, ints, r0, at, stride| unsafe {
+                avx512::amx_tile(kind, tiles, ints, act, r0, (at, stride))
+            }),
+        });
         GroupTiles {
             data: &self.data,
             n: self.n,
             group_bytes: (self.k / QK_K) * kind.group_bytes(),
+            amx,
             tile: Box::new(move |w, r0, rows, at, stride| {
                 // SAFETY: a `SuperBlockMatrix` is only built where `avx512::available()`; the tile reads whole
                 // super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches for
@@ -337,7 +348,8 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
-    use crate::kernels::quant::GROUP_TILE;
+    use crate::kernels::amx::{Tiles, ROWS};
+    use crate::kernels::quant::{GroupInts, GROUP_TILE};
 
     pub fn available() -> bool {
         crate::kernels::cpu::features().avx512_vnni
@@ -445,6 +457,154 @@ mod avx512 {
         wq
     }
 
+    /// The Q6_K integers (0..64) of 32 columns (`chunk`): [`nibbles`] with the fifth and sixth bits.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW; `chunk < 8` and `blk` is valid for reads of a Q6_K group super-block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn q6k_ints(blk: *const u8, chunk: usize) -> [__m512i; 8] {
+        let three = _mm512_set1_epi8(0x30);
+        let mut wq = nibbles(blk, chunk);
+        for half in 0..2 {
+            let h = _mm512_loadu_si512(blk.add(Q6K_HIGH + chunk * 128 + 64 * half) as *const _);
+            // Bits 2v..2v+2 of each byte, moved to bits 4..6.
+            let fifth = [
+                _mm512_and_si512(_mm512_slli_epi16(h, 4), three),
+                _mm512_and_si512(_mm512_slli_epi16(h, 2), three),
+                _mm512_and_si512(h, three),
+                _mm512_and_si512(_mm512_srli_epi16(h, 2), three),
+            ];
+            for (v, f) in fifth.iter().enumerate() {
+                wq[4 * half + v] = _mm512_or_si512(wq[4 * half + v], *f);
+            }
+        }
+        wq
+    }
+
+    /// Row `r` of a tile result as floats.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F (`r < 16` is checked).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile_row(dots: &[i32; ROWS * ROWS], r: usize) -> __m512 {
+        _mm512_cvtepi32_ps(_mm512_loadu_si512(dots[ROWS * r..][..ROWS].as_ptr() as *const _))
+    }
+
+    /// A group's integers (`w`: whole group super-blocks of `kind`) as the AMX tiles take them, signed: per
+    /// super-block and chunk of 32 columns, the 8 vectors of [`nibbles`] (Q4_K) or of [`q6k_ints`] less 32
+    /// (Q6_K), 512 bytes. A Q4_K chunk is one 32-column tile block; a Q6_K chunk is two of 16 columns.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW (the lengths are checked).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn unpack_signed(kind: KKind, w: &[u8], out: &mut [i8]) {
+        let bytes = kind.group_bytes();
+        assert_eq!(out.len(), w.len() / bytes * 16 * QK_K, "unpacked bytes of a {kind:?} group");
+        let offset = _mm512_set1_epi8(if kind == KKind::Q6K { 32 } else { 0 });
+        for (blk, dst) in w.chunks_exact(bytes).zip(out.chunks_exact_mut(16 * QK_K)) {
+            for chunk in 0..8 {
+                let ints =
+                    if kind == KKind::Q6K { q6k_ints(blk.as_ptr(), chunk) } else { nibbles(blk.as_ptr(), chunk) };
+                for (v, ints) in ints.iter().enumerate() {
+                    let at = dst.as_mut_ptr().add(512 * chunk + 64 * v);
+                    _mm512_storeu_si512(at as *mut _, _mm512_sub_epi8(*ints, offset));
+                }
+            }
+        }
+    }
+
+    /// [`q4k_tile`] or [`q6k_tile`] for 16 activation rows through AMX tiles: per super-block the integer dot
+    /// products of its sub-blocks (8 of 32 columns, or 16 of 16) from [`Tiles::dots`] against the group's
+    /// `unpacked` integers (the next super-block's asked for before these are scaled, so that the tiles work
+    /// while the vector units scale), then per row the same scaling and sums as the VNNI tile, in the same
+    /// order, so the same bits.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW, VNNI and F16C; `tiles` configured on this thread; `w` one group of `kind`, `unpacked`
+    /// its [`unpack_signed`] integers and `dots` room for 32 tile results; `out` valid for writes of 16 floats
+    /// at each `r · stride`, `r < 16`, that no other thread accesses meanwhile. The activation rows are checked.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+    pub unsafe fn amx_tile(
+        kind: KKind,
+        tiles: &Tiles,
+        (w, unpacked, dots): GroupInts,
+        act: &Q8KRows,
+        r0: usize,
+        (out, stride): (*mut f32, usize),
+    ) {
+        let bytes = kind.group_bytes();
+        let nsb = w.len() / bytes;
+        let k = nsb * QK_K;
+        assert!((r0 + ROWS) * k <= act.qs.len(), "activation rows {r0}..+16");
+        assert!(unpacked.len() == nsb * 16 * QK_K && dots.len() >= 32, "unpacked integers of the group");
+        let (even, odd) = dots.split_at_mut(16);
+        let halves = [even, &mut odd[..16]];
+        let run = |s: usize, into: &mut [[i32; ROWS * ROWS]]| {
+            let a = act.qs.as_ptr().add(r0 * k + s * QK_K);
+            let b = unpacked.as_ptr().add(s * 16 * QK_K);
+            // SAFETY: 16 activation rows of `k` from r0 exist (checked), of which this super-block's 256 bytes
+            // are read; `unpacked` holds every super-block (checked).
+            unsafe {
+                if kind == KKind::Q4K {
+                    tiles.dots::<32>(a, k, b, &mut into[..8]);
+                } else {
+                    tiles.dots::<16>(a, k, b, &mut into[..16]);
+                }
+            }
+        };
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        run(0, halves[0]);
+        for s in 0..nsb {
+            if s + 1 < nsb {
+                run(s + 1, halves[(s + 1) % 2]);
+            }
+            let dots = &*halves[s % 2];
+            let blk = w.as_ptr().add(s * bytes);
+            if kind == KKind::Q4K {
+                let sc: [__m512; 8] = std::array::from_fn(|j| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q4K_SCALES + 16 * j) as *const _)))
+                });
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D) as *const _));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D + 32) as *const _));
+                let mins: [__m512i; 4] = std::array::from_fn(|p| {
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _))
+                });
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut sum = _mm512_setzero_ps();
+                    for (j, sc) in sc.iter().enumerate() {
+                        sum = _mm512_fmadd_ps(tile_row(&dots[j], r), *sc, sum);
+                    }
+                    let row_sb = (r0 + r) * nsb + s;
+                    let mut msum = _mm512_setzero_si512();
+                    for (p, m) in mins.iter().enumerate() {
+                        msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(act.sum32_pairs[row_sb * 4 + p]));
+                    }
+                    let da = _mm512_set1_ps(act.d[row_sb]);
+                    *acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, da), *acc);
+                    *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), *acc);
+                }
+            } else {
+                let sc: [__m512; 16] = std::array::from_fn(|j| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(Q6K_SCALES + 16 * j) as *const _)))
+                });
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q6K_D) as *const _));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let mut sum = _mm512_setzero_ps();
+                    for (j, sc) in sc.iter().enumerate() {
+                        sum = _mm512_fmadd_ps(tile_row(&dots[j], r), *sc, sum);
+                    }
+                    let da = _mm512_set1_ps(act.d[(r0 + r) * nsb + s]);
+                    *acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, da), *acc);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(r * stride), *acc);
+        }
+    }
+
     /// Σ over 4 vectors of 4 columns: `init + Σ_c wq[c] · a[4c..4c + 4]`, in two chains.
     ///
     /// # Safety
@@ -535,27 +695,13 @@ mod avx512 {
         let k = nsb * QK_K;
         // The activations are read unchecked below.
         assert!((r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
-        let three = _mm512_set1_epi8(0x30);
         let mut acc = [_mm512_setzero_ps(); R];
         for s in 0..nsb {
             let blk = w.as_ptr().add(s * bytes);
             let mut sums = [_mm512_setzero_ps(); R];
             for chunk in 0..8 {
                 prefetch_eighth(blk.wrapping_add(bytes), bytes, chunk);
-                let mut wq = nibbles(blk, chunk);
-                for half in 0..2 {
-                    let h = _mm512_loadu_si512(blk.add(Q6K_HIGH + chunk * 128 + 64 * half) as *const _);
-                    // Bits 2v..2v+2 of each byte, moved to bits 4..6.
-                    let fifth = [
-                        _mm512_and_si512(_mm512_slli_epi16(h, 4), three),
-                        _mm512_and_si512(_mm512_slli_epi16(h, 2), three),
-                        _mm512_and_si512(h, three),
-                        _mm512_and_si512(_mm512_srli_epi16(h, 2), three),
-                    ];
-                    for (v, f) in fifth.iter().enumerate() {
-                        wq[4 * half + v] = _mm512_or_si512(wq[4 * half + v], *f);
-                    }
-                }
+                let wq = q6k_ints(blk, chunk);
                 let scale = |j: usize| {
                     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(Q6K_SCALES + 16 * j) as *const _)))
                 };
@@ -683,6 +829,39 @@ mod tests {
         }
         let q8 = BlockMatrix::from_qtensor(&weights(GgmlDType::Q8_0, 16, k)).unwrap().unwrap();
         assert!(matmul_shared(&[&q4, &q8], &input(1, k), 1, k).is_none());
+    }
+
+    /// Rows computed through AMX tiles (16 at a time) are bit for bit the same rows computed alone through
+    /// VNNI, for both types, alone, shared and gated (a Q4_K gate with a Q6_K up, which share activations);
+    /// 37 rows leave 5 rows to VNNI in the same product.
+    #[test]
+    fn tile_rows_match_vnni_rows() {
+        use crate::kernels::quant::{matmul_shared, matmul_silu_gated};
+        use std::sync::atomic::Ordering;
+        if !avx512::available() {
+            return;
+        }
+        let tiles = crate::kernels::amx::tested_here("tile_rows_match_vnni_rows (K types)");
+        let before = crate::kernels::amx::PRODUCTS.load(Ordering::Relaxed);
+        let (n, k, m) = (70, 3 * QK_K, 37);
+        let x = input(m, k);
+        let q4 = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q4K, n, k)).unwrap().unwrap();
+        let q6 = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q6K, n, k)).unwrap().unwrap();
+        let (y4, y6) = (q4.matmul(&x, m), q6.matmul(&x, m));
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            assert_eq!(&y4[r * n..(r + 1) * n], &q4.matmul(row, 1)[..], "Q4_K row {r}");
+            assert_eq!(&y6[r * n..(r + 1) * n], &q6.matmul(row, 1)[..], "Q6_K row {r}");
+        }
+        assert_eq!(matmul_shared(&[&q4, &q6], &x, m, k).unwrap(), [y4.clone(), y6.clone()], "shared");
+        let gate = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q4K, 64, k)).unwrap().unwrap();
+        let up = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q6K, 64, k)).unwrap().unwrap();
+        let mut expected = up.matmul(&x, m);
+        crate::kernels::activations::silu_mul(&gate.matmul(&x, m), &mut expected);
+        assert_eq!(matmul_silu_gated(&gate, &up, &x, m, k).unwrap(), expected, "gated");
+        if tiles {
+            assert!(crate::kernels::amx::PRODUCTS.load(Ordering::Relaxed) > before, "no tile product ran");
+        }
     }
 
     /// A row's result does not depend on the other rows in the block.

@@ -13,6 +13,7 @@ pub mod blocks32;
 pub mod kquants;
 
 use crate::error::Result;
+use crate::kernels::amx::{self, Tiles};
 use crate::kernels::parallel::{for_each_chunk, SharedOut};
 use candle_core::quantized::GgmlDType;
 
@@ -72,6 +73,39 @@ pub struct GroupTiles<'a> {
     n: usize,
     group_bytes: usize,
     tile: GroupTile<'a>,
+    amx: Option<AmxTile<'a>>,
+}
+
+/// The AMX side of a weight's group tiles, where its family has one and tiles are available: a group's
+/// integers unpacked once into signed tile rows (`unpacked_bytes`, by `unpack(group, bytes)`), then 16
+/// activation rows at a time against them, with the same bits as the VNNI tile.
+pub(crate) struct AmxTile<'a> {
+    unpacked_bytes: usize,
+    unpack: UnpackFn<'a>,
+    tile: AmxTileFn<'a>,
+}
+
+/// `unpack(group, ints)`: a group's stored bytes to the signed integers its AMX tile reads.
+type UnpackFn<'a> = Box<dyn Fn(&[u8], &mut [i8]) + Sync + 'a>;
+
+/// `tile(tiles, (w, unpacked, dots), r0, at, stride)`: activation rows `r0..r0 + 16` against group `w` (its
+/// integers `unpacked`; `dots` room for [`DOT_BLOCKS`] tile results), written as a [`GroupTile`] writes them:
+/// unchecked, so called only under `run_rows`' contract.
+type AmxTileFn<'a> = Box<dyn Fn(&Tiles, GroupInts, usize, *mut f32, usize) + Sync + 'a>;
+
+/// A group as the AMX tile reads it: its stored bytes, its unpacked integers, and room for tile results.
+pub(crate) type GroupInts<'s> = (&'s [u8], &'s [i8], &'s mut [[i32; amx::ROWS * amx::ROWS]]);
+
+/// Tile results an AMX tile holds at once (two super-blocks of 16 Q6_K sub-blocks).
+pub(crate) const DOT_BLOCKS: usize = 32;
+
+/// A task's unpacked group for the AMX tile: which group (by the task's own numbering) and its integers, and
+/// the task's room for tile results.
+#[derive(Default)]
+struct Unpacked {
+    group: Option<usize>,
+    bytes: Vec<i8>,
+    dots: Vec<[i32; amx::ROWS * amx::ROWS]>,
 }
 
 /// `tile(w, r0, rows, at, stride)`: [`GroupTiles::run`] on the group `w` (`group_bytes` of `data`). It writes
@@ -91,6 +125,53 @@ impl GroupTiles<'_> {
         let w = &self.data[g * self.group_bytes..(g + 1) * self.group_bytes];
         (self.tile)(w, r0, rows, at, stride)
     }
+
+    /// Whether 16-row tiles serve this weight with `tiles` (configured on the calling thread).
+    fn sixteen(&self, tiles: Option<&Tiles>) -> bool {
+        tiles.is_some() && self.amx.is_some()
+    }
+
+    /// [`Self::run`] for a tile of [`row_tiles`], which may be 16 rows where [`Self::sixteen`]: those go
+    /// through the AMX tile, group `g`'s integers unpacked into `unpacked` first unless it holds them
+    /// (`key` names the group there).
+    ///
+    /// # Safety
+    /// As for [`Self::run`], with `rows` up to 16 where `self.sixteen(tiles)`.
+    unsafe fn run_rows(
+        &self,
+        (g, key): (usize, usize),
+        (r0, rows): (usize, usize),
+        (at, stride): (*mut f32, usize),
+        tiles: Option<&Tiles>,
+        unpacked: &mut Unpacked,
+    ) {
+        match (tiles, &self.amx) {
+            (Some(tiles), Some(amx)) if rows == amx::ROWS => {
+                let w = &self.data[g * self.group_bytes..(g + 1) * self.group_bytes];
+                if unpacked.group != Some(key) {
+                    unpacked.bytes.resize(amx.unpacked_bytes, 0);
+                    (amx.unpack)(w, &mut unpacked.bytes);
+                    unpacked.group = Some(key);
+                }
+                unpacked.dots.resize(DOT_BLOCKS, [0; amx::ROWS * amx::ROWS]);
+                (amx.tile)(tiles, (w, &unpacked.bytes, &mut unpacked.dots), r0, at, stride)
+            }
+            _ => self.run(g, r0, rows, at, stride),
+        }
+    }
+}
+
+/// The row tiles `(first row, rows)` of an `m`-row product: 16 at a time where `sixteen`, the rest (all of
+/// them otherwise) up to [`GROUP_TILE`] at a time.
+fn row_tiles(m: usize, sixteen: bool) -> impl Iterator<Item = (usize, usize)> {
+    let full = if sixteen { m / amx::ROWS * amx::ROWS } else { 0 };
+    let tiles = (0..full).step_by(amx::ROWS).map(|r0| (r0, amx::ROWS));
+    tiles.chain((full..m).step_by(GROUP_TILE).map(move |r0| (r0, GROUP_TILE.min(m - r0))))
+}
+
+/// The AMX tiles for a task of an `m`-row product: configured only for 16 rows or more.
+fn tiles_for(m: usize) -> Option<Tiles> {
+    (m >= amx::ROWS).then(Tiles::configure).flatten()
 }
 
 /// The shared sides of `kernels` if all have one, of one activation format `k` wide.
@@ -135,17 +216,21 @@ pub fn matmul_silu_gated(
     let mut out = vec![0f32; m * n];
     let dst = SharedOut::new(&mut out);
     for_each_chunk(n / GROUP, |range| {
-        let mut gated = [0f32; GROUP_TILE * GROUP];
+        let mut gated = [0f32; amx::ROWS * GROUP];
+        let tiles = tiles_for(m);
+        let sixteen = gate.sixteen(tiles.as_ref()) && up.sixteen(tiles.as_ref());
+        let (mut gate_ints, mut up_ints) = (Unpacked::default(), Unpacked::default());
         for g in range {
-            for r0 in (0..m).step_by(GROUP_TILE) {
-                let rows = GROUP_TILE.min(m - r0);
-                // SAFETY: 1 ≤ rows ≤ GROUP_TILE; `gated` is this task's own, GROUP_TILE rows of 16.
-                unsafe { gate.run(g, r0, rows, gated.as_mut_ptr(), GROUP) };
+            for (r0, rows) in row_tiles(m, sixteen) {
+                let tiles = tiles.as_ref();
+                // SAFETY: a tile of `row_tiles` (16 rows only where both weights take them); `gated` is this
+                // task's own, 16 rows of 16.
+                unsafe { gate.run_rows((g, g), (r0, rows), (gated.as_mut_ptr(), GROUP), tiles, &mut gate_ints) };
                 // SAFETY: this task alone writes group g's 16 columns of `out` (`[m, n]`).
                 let at = unsafe { dst.ptr(r0 * n + g * GROUP, (rows - 1) * n + GROUP) };
-                // SAFETY: 1 ≤ rows ≤ GROUP_TILE; `at` spans `(rows − 1) · n + 16` floats of `out` (checked by
-                // `ptr`), of which the tile writes group g's columns, this task's alone.
-                unsafe { up.run(g, r0, rows, at, n) };
+                // SAFETY: a tile of `row_tiles`, as for the gate; `at` spans `(rows − 1) · n + 16` floats of `out`
+                // (checked by `ptr`), of which the tile writes group g's columns, this task's alone.
+                unsafe { up.run_rows((g, g), (r0, rows), (at, n), tiles, &mut up_ints) };
                 for r in 0..rows {
                     // SAFETY: row r0 + r's 16 columns of group g, written by this task only.
                     let u = unsafe { std::slice::from_raw_parts_mut(at.add(r * n), GROUP) };
@@ -172,16 +257,18 @@ fn over_groups_of(parts: &[GroupTiles], m: usize) -> Vec<Vec<f32>> {
     // Task i is group `i − starts[p]` of part p, for the last p with `starts[p] ≤ i`.
     let starts: Vec<usize> = groups.iter().scan(0, |s, g| Some(std::mem::replace(s, *s + g))).collect();
     for_each_chunk(groups.iter().sum(), |range| {
+        let tiles = tiles_for(m);
+        let mut unpacked = Unpacked::default();
         for i in range {
             let p = starts.partition_point(|&s| s <= i) - 1;
             let (part, g, padded) = (&parts[p], i - starts[p], groups[p] * GROUP);
-            for r0 in (0..m).step_by(GROUP_TILE) {
-                let rows = GROUP_TILE.min(m - r0);
+            for (r0, rows) in row_tiles(m, part.sixteen(tiles.as_ref())) {
                 // SAFETY: this group's 16 columns of part p's output (`[m, padded]`) are written by this task only.
                 let at = unsafe { dsts[p].ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
-                // SAFETY: 1 ≤ rows ≤ GROUP_TILE; `at` spans `(rows − 1) · padded + 16` floats of the output
-                // (checked by `ptr`), of which the tile writes this group's columns, this task's alone.
-                unsafe { part.run(g, r0, rows, at, padded) };
+                // SAFETY: a tile of `row_tiles` (16 rows only where this weight takes them); `at` spans
+                // `(rows − 1) · padded + 16` floats of the output (checked by `ptr`), of which the tile writes
+                // this group's columns, this task's alone.
+                unsafe { part.run_rows((g, i), (r0, rows), (at, padded), tiles.as_ref(), &mut unpacked) };
             }
         }
     });
