@@ -191,6 +191,30 @@ impl Tiles {
     }
 }
 
+/// Runs a tile kernel's `steps` steps: `ask(s, into)` asks the tiles for step s's products, `scale(s, from)`
+/// scales them. Step s + 1's are asked for, into the other half of `dots`, before step s's are scaled, so that
+/// the tiles work while the vector units scale.
+#[inline(always)]
+pub(crate) fn pipelined(
+    dots: &mut [[i32; ROWS * ROWS]],
+    steps: usize,
+    mut ask: impl FnMut(usize, &mut [[i32; ROWS * ROWS]]),
+    mut scale: impl FnMut(usize, &[[i32; ROWS * ROWS]]),
+) {
+    let half = dots.len() / 2;
+    let (even, odd) = dots.split_at_mut(half);
+    let halves = [even, &mut odd[..half]];
+    if steps > 0 {
+        ask(0, halves[0]);
+    }
+    for s in 0..steps {
+        if s + 1 < steps {
+            ask(s + 1, halves[(s + 1) % 2]);
+        }
+        scale(s, halves[s % 2]);
+    }
+}
+
 impl Drop for Tiles {
     fn drop(&mut self) {
         // SAFETY: the tiles were configured on this thread (`configure`); releasing them only resets tile state.

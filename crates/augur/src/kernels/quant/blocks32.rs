@@ -179,7 +179,7 @@ impl BlockMatrix {
     /// whose product measured slower through tiles than through VNNI (BENCHMARKS.md).
     fn amx_tile<'a>(&'a self, act: &'a Q8Rows) -> Option<AmxTile<'a>> {
         let kind = self.kind;
-        if !crate::kernels::cpu::features().amx_int8 || self.layout != Layout::Interleaved || kind == BlockKind::Q4_1 {
+        if !crate::kernels::cpu::features().amx_int8 || kind == BlockKind::Q4_1 {
             return None;
         }
         #[cfg(target_arch = "x86_64")]
@@ -604,7 +604,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, GROUP_TILE, QK};
-    use crate::kernels::amx::{Tiles, ROWS};
+    use crate::kernels::amx::{pipelined, Tiles, ROWS};
     use crate::kernels::quant::GroupInts;
 
     /// A [`group_tile`] instance for one weight type and row count `R`: `tile(w, nb, act, r0, out, stride)`.
@@ -787,22 +787,17 @@ mod avx512 {
         assert!(unpacked.len() == nb * 512 && dots.len() >= 2 * CHUNK, "unpacked integers of the group");
         assert_ne!(kind, BlockKind::Q4_1, "Q4_1 has no AMX tile");
         let d = act.d.as_ptr();
-        let (even, odd) = dots.split_at_mut(CHUNK);
-        let halves = [even, &mut odd[..CHUNK]];
-        let run = |b0: usize, into: &mut [[i32; ROWS * ROWS]]| {
-            let a = act.qs.as_ptr().add(r0 * k + b0 * QK);
+        let blocks = |c: usize| c * CHUNK..nb.min((c + 1) * CHUNK);
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        let ask = |c: usize, into: &mut [[i32; ROWS * ROWS]]| {
+            let b = blocks(c);
+            let a = act.qs.as_ptr().add(r0 * k + b.start * QK);
             // SAFETY: 16 activation rows of `k` from r0 exist (checked), of which these blocks' bytes are read;
             // `unpacked` holds every block (checked).
-            tiles.dots::<QK>(a, k, unpacked.as_ptr().add(b0 * 512), &mut into[..CHUNK.min(nb - b0)]);
+            tiles.dots::<QK>(a, k, unpacked.as_ptr().add(b.start * 512), &mut into[..b.len()]);
         };
-        let mut acc = [_mm512_setzero_ps(); ROWS];
-        run(0, halves[0]);
-        for (c, b0) in (0..nb).step_by(CHUNK).enumerate() {
-            if b0 + CHUNK < nb {
-                run(b0 + CHUNK, halves[(c + 1) % 2]);
-            }
-            for (i, dot) in halves[c % 2][..CHUNK.min(nb - b0)].iter().enumerate() {
-                let b = b0 + i;
+        let scale = |c: usize, from: &[[i32; ROWS * ROWS]]| {
+            for (b, dot) in blocks(c).zip(from) {
                 let blk = w.as_ptr().add(b * block_bytes);
                 let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(quant_bytes) as *const __m256i));
                 for (r, acc) in acc.iter_mut().enumerate() {
@@ -811,7 +806,8 @@ mod avx512 {
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc);
                 }
             }
-        }
+        };
+        pipelined(&mut dots[..2 * CHUNK], nb.div_ceil(CHUNK), ask, scale);
         for (r, acc) in acc.iter().enumerate() {
             _mm512_storeu_ps(out.add(r * stride), *acc);
         }
@@ -1012,8 +1008,8 @@ pub(super) mod tests {
     }
 
     /// Rows computed through AMX tiles (16 at a time) are bit for bit the same rows computed alone through
-    /// VNNI, for every type (Q4_1 through VNNI only), alone, shared and gated; 11 blocks leave an odd block in the tile calls, and 37
-    /// rows leave 5 rows to VNNI in the same product.
+    /// VNNI, for every type (Q4_1 through VNNI only), alone, shared and gated; 11 blocks leave an odd block in
+    /// the tile calls, and 37 rows leave 5 rows to VNNI in the same product.
     #[test]
     fn tile_rows_match_vnni_rows() {
         use std::sync::atomic::Ordering;

@@ -348,7 +348,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
-    use crate::kernels::amx::{Tiles, ROWS};
+    use crate::kernels::amx::{pipelined, Tiles, ROWS};
     use crate::kernels::quant::{GroupInts, GROUP_TILE};
 
     pub fn available() -> bool {
@@ -457,6 +457,46 @@ mod avx512 {
         wq
     }
 
+    /// A Q4_K group super-block's closing terms (`d`, `dmin` and the mins of its 16 rows), which the VNNI and the
+    /// AMX tiles both add the same way: `acc + sum · d·d_a − (Σ mins · sums of 32) · dmin·d_a`.
+    struct Q4kClose {
+        d: __m512,
+        dmin: __m512,
+        mins: [__m512i; 4],
+    }
+
+    impl Q4kClose {
+        /// # Safety
+        /// The CPU supports AVX-512 F, BW and F16C, and `blk` is valid for reads of a Q4_K group super-block.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,f16c")]
+        unsafe fn of(blk: *const u8) -> Self {
+            Self {
+                d: _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D) as *const _)),
+                dmin: _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D + 32) as *const _)),
+                mins: std::array::from_fn(|p| {
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _))
+                }),
+            }
+        }
+
+        /// `acc` plus activation super-block `row_sb`'s (row and super-block) scaled `sum` less its mins' term.
+        ///
+        /// # Safety
+        /// The CPU supports AVX-512 F and VNNI (`row_sb` is checked against `act`).
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        unsafe fn add(&self, acc: __m512, sum: __m512, act: &Q8KRows, row_sb: usize) -> __m512 {
+            let mut msum = _mm512_setzero_si512();
+            for (p, m) in self.mins.iter().enumerate() {
+                msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(act.sum32_pairs[row_sb * 4 + p]));
+            }
+            let da = _mm512_set1_ps(act.d[row_sb]);
+            let acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(self.d, da), acc);
+            _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(self.dmin, da), acc)
+        }
+    }
+
     /// The Q6_K integers (0..64) of 32 columns (`chunk`): [`nibbles`] with the fifth and sixth bits.
     ///
     /// # Safety
@@ -539,9 +579,8 @@ mod avx512 {
         let k = nsb * QK_K;
         assert!((r0 + ROWS) * k <= act.qs.len(), "activation rows {r0}..+16");
         assert!(unpacked.len() == nsb * 16 * QK_K && dots.len() >= 32, "unpacked integers of the group");
-        let (even, odd) = dots.split_at_mut(16);
-        let halves = [even, &mut odd[..16]];
-        let run = |s: usize, into: &mut [[i32; ROWS * ROWS]]| {
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        let ask = |s: usize, into: &mut [[i32; ROWS * ROWS]]| {
             let a = act.qs.as_ptr().add(r0 * k + s * QK_K);
             let b = unpacked.as_ptr().add(s * 16 * QK_K);
             // SAFETY: 16 activation rows of `k` from r0 exist (checked), of which this super-block's 256 bytes
@@ -554,36 +593,19 @@ mod avx512 {
                 }
             }
         };
-        let mut acc = [_mm512_setzero_ps(); ROWS];
-        run(0, halves[0]);
-        for s in 0..nsb {
-            if s + 1 < nsb {
-                run(s + 1, halves[(s + 1) % 2]);
-            }
-            let dots = &*halves[s % 2];
+        let scale = |s: usize, dots: &[[i32; ROWS * ROWS]]| {
             let blk = w.as_ptr().add(s * bytes);
             if kind == KKind::Q4K {
                 let sc: [__m512; 8] = std::array::from_fn(|j| {
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q4K_SCALES + 16 * j) as *const _)))
                 });
-                let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D) as *const _));
-                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D + 32) as *const _));
-                let mins: [__m512i; 4] = std::array::from_fn(|p| {
-                    _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _))
-                });
+                let close = Q4kClose::of(blk);
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let mut sum = _mm512_setzero_ps();
                     for (j, sc) in sc.iter().enumerate() {
                         sum = _mm512_fmadd_ps(tile_row(&dots[j], r), *sc, sum);
                     }
-                    let row_sb = (r0 + r) * nsb + s;
-                    let mut msum = _mm512_setzero_si512();
-                    for (p, m) in mins.iter().enumerate() {
-                        msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(act.sum32_pairs[row_sb * 4 + p]));
-                    }
-                    let da = _mm512_set1_ps(act.d[row_sb]);
-                    *acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, da), *acc);
-                    *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), *acc);
+                    *acc = close.add(*acc, sum, act, (r0 + r) * nsb + s);
                 }
             } else {
                 let sc: [__m512; 16] = std::array::from_fn(|j| {
@@ -599,7 +621,8 @@ mod avx512 {
                     *acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(d, da), *acc);
                 }
             }
-        }
+        };
+        pipelined(&mut dots[..32], nsb, ask, scale);
         for (r, acc) in acc.iter().enumerate() {
             _mm512_storeu_ps(out.add(r * stride), *acc);
         }
@@ -662,20 +685,9 @@ mod avx512 {
                     *sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, *sum);
                 }
             }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D) as *const _));
-            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(Q4K_D + 32) as *const _));
-            let mins: [__m512i; 4] = std::array::from_fn(|p| {
-                _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(Q4K_MINS + 32 * p) as *const _))
-            });
+            let close = Q4kClose::of(blk);
             for (r, acc) in acc.iter_mut().enumerate() {
-                let row_sb = (r0 + r) * nsb + s;
-                let mut msum = _mm512_setzero_si512();
-                for (p, m) in mins.iter().enumerate() {
-                    msum = _mm512_dpwssd_epi32(msum, *m, _mm512_set1_epi32(act.sum32_pairs[row_sb * 4 + p]));
-                }
-                let da = _mm512_set1_ps(act.d[row_sb]);
-                *acc = _mm512_fmadd_ps(sums[r], _mm512_mul_ps(d, da), *acc);
-                *acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, da), *acc);
+                *acc = close.add(*acc, sums[r], act, (r0 + r) * nsb + s);
             }
         }
         for (r, acc) in acc.iter().enumerate() {

@@ -169,9 +169,10 @@ fn row_tiles(m: usize, sixteen: bool) -> impl Iterator<Item = (usize, usize)> {
     tiles.chain((full..m).step_by(GROUP_TILE).map(move |r0| (r0, GROUP_TILE.min(m - r0))))
 }
 
-/// The AMX tiles for a task of an `m`-row product: configured only for 16 rows or more.
-fn tiles_for(m: usize) -> Option<Tiles> {
-    (m >= amx::ROWS).then(Tiles::configure).flatten()
+/// The AMX tiles for a task of an `m`-row product: configured only for 16 rows or more, where `wanted` (a
+/// weight of the product has an AMX tile).
+fn tiles_for(m: usize, wanted: bool) -> Option<Tiles> {
+    (wanted && m >= amx::ROWS).then(Tiles::configure).flatten()
 }
 
 /// The shared sides of `kernels` if all have one, of one activation format `k` wide.
@@ -217,7 +218,7 @@ pub fn matmul_silu_gated(
     let dst = SharedOut::new(&mut out);
     for_each_chunk(n / GROUP, |range| {
         let mut gated = [0f32; amx::ROWS * GROUP];
-        let tiles = tiles_for(m);
+        let tiles = tiles_for(m, gate.amx.is_some() && up.amx.is_some());
         let sixteen = gate.sixteen(tiles.as_ref()) && up.sixteen(tiles.as_ref());
         let (mut gate_ints, mut up_ints) = (Unpacked::default(), Unpacked::default());
         for g in range {
@@ -257,7 +258,7 @@ fn over_groups_of(parts: &[GroupTiles], m: usize) -> Vec<Vec<f32>> {
     // Task i is group `i − starts[p]` of part p, for the last p with `starts[p] ≤ i`.
     let starts: Vec<usize> = groups.iter().scan(0, |s, g| Some(std::mem::replace(s, *s + g))).collect();
     for_each_chunk(groups.iter().sum(), |range| {
-        let tiles = tiles_for(m);
+        let tiles = tiles_for(m, parts.iter().any(|p| p.amx.is_some()));
         let mut unpacked = Unpacked::default();
         for i in range {
             let p = starts.partition_point(|&s| s <= i) - 1;
