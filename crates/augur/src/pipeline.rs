@@ -1,6 +1,7 @@
 //! What users call: load a model (and an optional assistant) by path or id, give a prompt or chat messages and
 //! options, get text, streamed or whole. The CLI and the server are thin shells over this.
 
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -288,10 +289,7 @@ impl Pipeline {
     /// Replaces the assistant's tokenizer, for an assistant whose tokenizer is not stored with it: a
     /// `tokenizer.json` file, or a directory holding one.
     pub fn with_assistant_tokenizer(mut self, path: &Path) -> Result<Self> {
-        let Some(a) = self.assistant.as_mut() else {
-            return Err(Error::InvalidOption("an assistant tokenizer needs an assistant model".into()));
-        };
-        *a.tokenizer_mut() = Arc::new(load_tokenizer(path)?);
+        self.replace_assistant_tokenizer(Arc::new(load_tokenizer(path)?))?;
         Ok(self)
     }
 
@@ -340,7 +338,7 @@ impl Pipeline {
         if let Some(s) = sink.as_mut().filter(|_| !prefix.is_empty()) {
             s(prefix);
         }
-        let mut out = self.run(&ids, options, sink)?;
+        let mut out = self.run(&ids, options, sink, None)?;
         out.text.insert_str(0, prefix);
         Ok(out)
     }
@@ -371,7 +369,7 @@ impl Pipeline {
         options: &GenerationOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
-        self.run(ids, &CallOptions::new(options.clone()), sink)
+        self.run(ids, &CallOptions::new(options.clone()), sink, None)
     }
 
     /// [`Pipeline::call`] on prompt token ids (the new text only).
@@ -381,10 +379,36 @@ impl Pipeline {
         options: &CallOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
-        self.run(ids, options, sink)
+        self.run(ids, options, sink, None)
     }
 
-    fn run(&mut self, ids: &[u32], call: &CallOptions, sink: Option<&mut dyn FnMut(&str)>) -> Result<GenerationOutput> {
+    /// [`Pipeline::call_ids`] that hands each accepted block's token ids to `on_tokens` as it lands (what
+    /// Transformers' streamers receive) instead of text.
+    pub fn call_ids_streaming_tokens(
+        &mut self,
+        ids: &[u32],
+        options: &CallOptions,
+        on_tokens: &mut dyn FnMut(&[u32]),
+    ) -> Result<GenerationOutput> {
+        self.run(ids, options, None, Some(on_tokens))
+    }
+
+    /// Uses `tokenizer` as the assistant's for universal assisted decoding (Transformers' `assistant_tokenizer`)
+    /// and returns the one it replaces.
+    pub fn replace_assistant_tokenizer(&mut self, tokenizer: Arc<Tokenizer>) -> Result<Arc<Tokenizer>> {
+        let Some(a) = self.assistant.as_mut() else {
+            return Err(Error::InvalidOption("an assistant tokenizer needs an assistant model".into()));
+        };
+        Ok(std::mem::replace(a.tokenizer_mut(), tokenizer))
+    }
+
+    fn run<'s>(
+        &mut self,
+        ids: &[u32],
+        call: &CallOptions,
+        sink: Option<&'s mut dyn FnMut(&str)>,
+        token_sink: Option<&'s mut dyn FnMut(&[u32])>,
+    ) -> Result<GenerationOutput> {
         // A named method reads only its own speculation fields (see `MethodName::scope`).
         let options = match call.method {
             Some(m) => m.scope(&call.generation)?,
@@ -416,6 +440,7 @@ impl Pipeline {
         target.model.truncate(0);
         let mut emitter =
             Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
+                .with_token_sink(token_sink)
                 .with_cancel(call.cancel.clone())
                 .with_logprobs(call.logprobs)
                 .excluding_stop_strings(!call.include_stop_str_in_output.unwrap_or(true));
@@ -512,11 +537,21 @@ impl Drop for TextChunks {
     }
 }
 
-/// A tokenizer given on its own: a Hugging Face tokenizer directory, or a bare `tokenizer.json` (then without
-/// the special-token settings of a `tokenizer_config.json`).
-fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
+/// A tokenizer given on its own: a Hugging Face tokenizer directory, a GGUF file's (read from its metadata,
+/// no tensor loaded), or a bare `tokenizer.json` (then without the special-token settings of a
+/// `tokenizer_config.json`).
+pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     if path.is_dir() {
         return Tokenizer::from_hf_dir(path);
+    }
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut magic = [0u8; 4];
+    let is_gguf = file.read_exact(&mut magic).is_ok() && &magic == b"GGUF";
+    if is_gguf {
+        let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
+        let content = crate::io::gguf::read(&mut BufReader::new(file), len, path)?;
+        return Tokenizer::from_gguf(&content, path);
     }
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let inner = serde_json::from_slice::<crate::tokenizer::Inner>(&bytes).map_err(|e| Error::BadFile {

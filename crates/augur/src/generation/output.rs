@@ -106,6 +106,8 @@ pub struct Emitter<'t, 's> {
     stream: TextStream<'t>,
     text: String,
     sink: Option<&'s mut dyn FnMut(&str)>,
+    /// Receives each accepted block's kept tokens, as Transformers' streamers receive token ids.
+    token_sink: Option<&'s mut dyn FnMut(&[u32])>,
     finish: Option<FinishReason>,
     cancel: Option<Arc<AtomicBool>>,
     /// `(alternatives per token, entries so far)` when log-probabilities are recorded.
@@ -147,6 +149,7 @@ impl<'t, 's> Emitter<'t, 's> {
             stream: tokenizer.stream(true),
             text: String::new(),
             sink,
+            token_sink: None,
             finish: (max_new_tokens == 0).then_some(FinishReason::Length),
             cancel: None,
             logprobs: None,
@@ -154,6 +157,12 @@ impl<'t, 's> Emitter<'t, 's> {
             prompt_tail,
             held: String::new(),
         }
+    }
+
+    /// Hands each accepted block's kept tokens (EOS included) to `sink` as they land.
+    pub fn with_token_sink(mut self, sink: Option<&'s mut dyn FnMut(&[u32])>) -> Self {
+        self.token_sink = sink;
+        self
     }
 
     /// Records each kept token's [`TokenLogprob`] with `top` alternatives (`None`: nothing recorded).
@@ -284,6 +293,11 @@ impl<'t, 's> Emitter<'t, 's> {
             }
             if self.finish.is_none() && self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
                 self.finish = Some(FinishReason::Cancelled);
+            }
+        }
+        if kept > 0 {
+            if let Some(sink) = self.token_sink.as_mut() {
+                sink(&self.tokens[self.tokens.len() - kept..]);
             }
         }
         if self.finish.is_some() {
