@@ -77,7 +77,8 @@ impl Tokenizer {
 
     /// Renders `messages` (`(role, content)` pairs) with the chat template.
     fn apply_chat_template(&self, messages: Vec<(String, String)>, add_generation_prompt: bool) -> PyResult<String> {
-        let messages: Vec<ChatMessage> = messages.into_iter().map(|(role, content)| ChatMessage::new(role, content)).collect();
+        let messages: Vec<ChatMessage> =
+            messages.into_iter().map(|(role, content)| ChatMessage::new(role, content)).collect();
         self.inner.apply_chat_template(&messages, add_generation_prompt).map_err(py_err)
     }
 
@@ -198,9 +199,7 @@ impl Model {
                 Ok((Weights::Lm(lm), Some(tokenizer), path, config, has_mtp, defaults))
             })
             .map_err(py_err)?;
-        let tokenizer = tokenizer
-            .map(|inner| Py::new(py, Tokenizer { inner, path: path.clone() }))
-            .transpose()?;
+        let tokenizer = tokenizer.map(|inner| Py::new(py, Tokenizer { inner, path: path.clone() })).transpose()?;
         Ok(Model { weights: Arc::new(Mutex::new(Some(weights))), tokenizer, path, config, has_mtp, defaults })
     }
 
@@ -331,76 +330,62 @@ impl Job {
         let mut assistant_slot = self.assistant.as_deref().map(lock);
         let target = match target_slot.take() {
             Some(Weights::Lm(lm)) => lm,
-            Some(other) => {
-                *target_slot = Some(other);
-                return Err(Error::InvalidOption(
-                    "a Gemma 4 assistant drafts for a Gemma 4 target; it does not generate on its own".into(),
-                ));
-            }
-            None => return Err(lost()),
-        };
-        let mut gemma4_path = None;
-        let assistant = match assistant_slot.as_mut().map(|slot| slot.take()) {
-            None => None,
-            Some(None) => {
-                *target_slot = Some(Weights::Lm(target));
-                return Err(lost());
-            }
-            Some(Some(Weights::Lm(lm))) => Some(Assistant::Lm(lm)),
-            Some(Some(Weights::Gemma4Assistant { path, loaded })) => {
-                let loaded = match loaded {
-                    Some(a) => Ok(a),
-                    None => Assistant::load(&path, &Device::Cpu, &target.tokenizer),
-                };
-                gemma4_path = Some(path.clone());
-                match loaded {
-                    Ok(a) => Some(a),
-                    Err(e) => {
-                        *target_slot = Some(Weights::Lm(target));
-                        if let Some(slot) = assistant_slot.as_mut() {
-                            **slot = Some(Weights::Gemma4Assistant { path, loaded: None });
-                        }
-                        return Err(e);
-                    }
-                }
+            other => {
+                let alone = other.is_some();
+                *target_slot = other;
+                return Err(if alone {
+                    Error::InvalidOption(
+                        "a Gemma 4 assistant drafts for a Gemma 4 target; it does not generate on its own".into(),
+                    )
+                } else {
+                    lost()
+                });
             }
         };
-        let mut pipe = Pipeline { target, assistant, defaults: GenerationOptions::default() };
+        let mut pipe = Pipeline { target, assistant: None, defaults: GenerationOptions::default() };
+        let result = match assistant_slot.as_mut().map(|slot| take_assistant(slot, &pipe.target.tokenizer)) {
+            Some(Err(e)) => Err(e),
+            taken => {
+                pipe.assistant = taken.and_then(Result::ok);
+                self.with_assistant_options(&mut pipe, stream)
+            }
+        };
+        let Pipeline { target, assistant, .. } = pipe;
+        *target_slot = Some(Weights::Lm(target));
+        if let (Some(slot), Some(a)) = (assistant_slot.as_mut(), assistant) {
+            **slot = Some(match a {
+                Assistant::Lm(lm) => Weights::Lm(lm),
+                a => Weights::Gemma4Assistant { path: a.path().to_path_buf(), loaded: Some(a) },
+            });
+        }
+        result
+    }
+
+    /// Runs the rows with the call's assistant defaults and tokenizer in place, then restores the assistant's
+    /// own; a panic becomes an error so that the weights still go back.
+    fn with_assistant_options(
+        &self,
+        pipe: &mut Pipeline,
+        stream: Option<mpsc::Sender<Vec<u32>>>,
+    ) -> augur::Result<Vec<(Vec<u32>, String, String)>> {
         let own_defaults = pipe.assistant.as_mut().map(|a| {
             let defaults = assistant_defaults(a);
             let own = defaults.clone();
             defaults.merge(&self.assistant_options);
             own
         });
-        let own_tokenizer = match &self.assistant_tokenizer {
-            Some(t) => Some(pipe.replace_assistant_tokenizer(Arc::clone(t))),
-            None => None,
-        }
-        .transpose();
-        let result = match own_tokenizer {
-            Ok(own) => {
-                let out = catch_unwind(AssertUnwindSafe(|| self.rows_through(&mut pipe, stream)))
-                    .unwrap_or_else(|_| Err(Error::Generation("the generation panicked".into())));
-                if let Some(own) = own {
-                    pipe.replace_assistant_tokenizer(own)?;
-                }
-                out
+        let own_tokenizer =
+            self.assistant_tokenizer.as_ref().map(|t| pipe.replace_assistant_tokenizer(Arc::clone(t))).transpose();
+        let result = own_tokenizer.and_then(|own| {
+            let out = catch_unwind(AssertUnwindSafe(|| self.rows_through(pipe, stream)))
+                .unwrap_or_else(|_| Err(Error::Generation("the generation panicked".into())));
+            if let Some(own) = own {
+                pipe.replace_assistant_tokenizer(own)?;
             }
-            Err(e) => Err(e),
-        };
-        let Pipeline { target, mut assistant, .. } = pipe;
-        if let (Some(a), Some(own)) = (assistant.as_mut(), own_defaults) {
+            out
+        });
+        if let (Some(a), Some(own)) = (pipe.assistant.as_mut(), own_defaults) {
             *assistant_defaults(a) = own;
-        }
-        *target_slot = Some(Weights::Lm(target));
-        if let (Some(slot), Some(a)) = (assistant_slot.as_mut(), assistant) {
-            **slot = Some(match (a, gemma4_path) {
-                (Assistant::Lm(lm), _) => Weights::Lm(lm),
-                (a, Some(path)) => Weights::Gemma4Assistant { path, loaded: Some(a) },
-                (a @ Assistant::Gemma4(_), None) => {
-                    Weights::Gemma4Assistant { path: a.path().to_path_buf(), loaded: Some(a) }
-                }
-            });
         }
         result
     }
@@ -429,6 +414,19 @@ impl Job {
             out.push((output.tokens, output.finish_reason.as_str().to_string(), stats));
         }
         Ok(out)
+    }
+}
+
+/// The assistant out of its slot; Gemma 4's is read on first use, in the target's vocabulary.
+fn take_assistant(slot: &mut Option<Weights>, target_tokenizer: &Arc<EngineTokenizer>) -> augur::Result<Assistant> {
+    match slot.take() {
+        None => Err(lost()),
+        Some(Weights::Lm(lm)) => Ok(Assistant::Lm(lm)),
+        Some(Weights::Gemma4Assistant { loaded: Some(a), .. }) => Ok(a),
+        Some(Weights::Gemma4Assistant { path, loaded: None }) => Assistant::load(&path, &Device::Cpu, target_tokenizer)
+            .inspect_err(|_| {
+                *slot = Some(Weights::Gemma4Assistant { path: path.clone(), loaded: None });
+            }),
     }
 }
 

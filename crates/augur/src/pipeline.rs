@@ -16,7 +16,7 @@ use crate::generation::config::{GenerationConfig, GenerationOptions};
 use crate::generation::drafters::factory::{self, AssistantParts, AssistantRef, DraftParts};
 use crate::generation::drafters::BackoffPolicy;
 use crate::generation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
-use crate::generation::output::{Emitter, GenerationOutput, GenerationStats};
+use crate::generation::output::{Emitter, GenerationOutput, GenerationStats, TokenSink};
 use crate::generation::{decode, speculative};
 use crate::io::resolve::resolve_model;
 use crate::models::gemma4_assistant::Gemma4Assistant;
@@ -407,7 +407,7 @@ impl Pipeline {
         ids: &[u32],
         call: &CallOptions,
         sink: Option<&'s mut dyn FnMut(&str)>,
-        token_sink: Option<&'s mut dyn FnMut(&[u32])>,
+        token_sink: Option<TokenSink<'s>>,
     ) -> Result<GenerationOutput> {
         // A named method reads only its own speculation fields (see `MethodName::scope`).
         let options = match call.method {

@@ -47,7 +47,10 @@ pub enum AssistantTokensSchedule {
 }
 
 impl AssistantTokensSchedule {
-    /// Transformers does not validate the string: anything but the two heuristics behaves like "constant".
+    /// The three names; Transformers does not validate the string (anything but the two heuristics behaves like
+    /// "constant"), [`GenerationConfig::validate`] refuses a misspelt one instead of running it as "constant".
+    pub const NAMES: [&'static str; 3] = ["constant", "heuristic", "heuristic_transient"];
+
     pub fn from_name(name: &str) -> Self {
         match name {
             "heuristic" => AssistantTokensSchedule::Heuristic,
@@ -328,6 +331,14 @@ impl GenerationConfig {
         if let Some(n) = self.max_new_tokens {
             if n == 0 {
                 return err(format!("`max_new_tokens` must be greater than 0, but is {n}."));
+            }
+        }
+        if let Some(name) = self.num_assistant_tokens_schedule.as_deref() {
+            if !AssistantTokensSchedule::NAMES.contains(&name) {
+                return err(format!(
+                    "`num_assistant_tokens_schedule` must be one of {:?}, but is {name:?}",
+                    AssistantTokensSchedule::NAMES
+                ));
             }
         }
         if let Some(w) = self.assistant_ensemble_weight {

@@ -95,6 +95,9 @@ impl TokenLogprob {
     }
 }
 
+/// Where each accepted block's kept token ids go.
+pub type TokenSink<'s> = &'s mut dyn FnMut(&[u32]);
+
 /// The growing sequence of one request.
 pub struct Emitter<'t, 's> {
     /// Prompt followed by every accepted token.
@@ -107,7 +110,7 @@ pub struct Emitter<'t, 's> {
     text: String,
     sink: Option<&'s mut dyn FnMut(&str)>,
     /// Receives each accepted block's kept tokens, as Transformers' streamers receive token ids.
-    token_sink: Option<&'s mut dyn FnMut(&[u32])>,
+    token_sink: Option<TokenSink<'s>>,
     finish: Option<FinishReason>,
     cancel: Option<Arc<AtomicBool>>,
     /// `(alternatives per token, entries so far)` when log-probabilities are recorded.
@@ -160,7 +163,7 @@ impl<'t, 's> Emitter<'t, 's> {
     }
 
     /// Hands each accepted block's kept tokens (EOS included) to `sink` as they land.
-    pub fn with_token_sink(mut self, sink: Option<&'s mut dyn FnMut(&[u32])>) -> Self {
+    pub fn with_token_sink(mut self, sink: Option<TokenSink<'s>>) -> Self {
         self.token_sink = sink;
         self
     }

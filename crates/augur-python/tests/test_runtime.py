@@ -1,0 +1,94 @@
+"""The GIL is released while the engine runs; Ctrl-C (KeyboardInterrupt) stops a generation at once and leaves
+the model usable; a streamer's exception ends the generation; threads share a model safely."""
+
+import _thread
+import threading
+import time
+
+import pytest
+
+import augur
+
+
+def test_gil_is_released_while_generating(qwen, qwen_tokenizer):
+    ids = qwen_tokenizer("def quicksort(items):")["input_ids"]
+    thread = threading.Thread(target=qwen.generate, kwargs=dict(input_ids=[ids], max_new_tokens=24))
+    thread.start()
+    spins, start = 0, time.perf_counter()
+    while thread.is_alive():
+        spins += 1
+    elapsed = time.perf_counter() - start
+    thread.join()
+    # Python runs ~10^7 loop turns a second; with the GIL held by the engine it would get almost none.
+    assert elapsed > 0.2 and spins / elapsed > 1e5, (spins, elapsed)
+
+
+def test_keyboard_interrupt_cancels_promptly(qwen, qwen_tokenizer):
+    ids = qwen_tokenizer("Count from one to a thousand:")["input_ids"]
+    seen = []
+
+    class Record(augur.BaseStreamer):
+        def put(self, value):
+            seen.append(len(value))
+
+        def end(self):
+            seen.append("end")
+
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    start = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        # 800 tokens take far longer than the test allows: only the interrupt ends this call in time.
+        qwen.generate(input_ids=[ids], max_new_tokens=800, eos_token_id=None, streamer=Record())
+    elapsed = time.perf_counter() - start
+    timer.join()
+    assert elapsed < 4.0, elapsed
+    assert len(seen) > 2 and seen[-1] == "end", "tokens were streamed before the interrupt, then end()"
+    out = qwen.generate(input_ids=[ids], max_new_tokens=3)
+    assert len(out[0]) == len(ids) + 3
+
+
+def test_streamer_exception_ends_generation(tiny_llama, tiny_tokenizer):
+    ids = tiny_tokenizer("Alice")["input_ids"]
+
+    class Broken(augur.BaseStreamer):
+        def __init__(self):
+            self.calls = 0
+
+        def put(self, value):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("streamer broke")
+
+        def end(self):
+            pass
+
+    broken = Broken()
+    with pytest.raises(RuntimeError, match="streamer broke"):
+        tiny_llama.generate(input_ids=[ids], max_new_tokens=50, eos_token_id=None, streamer=broken)
+    assert broken.calls == 3
+    assert len(tiny_llama.generate(input_ids=[ids], max_new_tokens=5, eos_token_id=None)[0]) == len(ids) + 5
+
+
+def test_threads_share_one_model(tiny_llama, tiny_tokenizer):
+    prompts = ["Alice", "The cat sat", "def add(a, b):", "Bob and"]
+    expected = {p: tiny_llama.generate(input_ids=[tiny_tokenizer(p)["input_ids"]], max_new_tokens=20,
+                                       eos_token_id=None) for p in prompts}
+    results, errors = {}, []
+
+    def work(p):
+        try:
+            for _ in range(5):
+                out = tiny_llama.generate(input_ids=[tiny_tokenizer(p)["input_ids"]], max_new_tokens=20,
+                                          eos_token_id=None, prompt_lookup_num_tokens=3)
+                results.setdefault(p, []).append(out)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert all(out == expected[p] for p in prompts for out in results[p]) and len(results) == len(prompts)
