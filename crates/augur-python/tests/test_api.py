@@ -67,3 +67,11 @@ def test_stubs_name_every_export():
     missing = [name for name in augur.__all__ if name != "__version__" and
                f"class {name}" not in stubs and f"def {name}" not in stubs]
     assert not missing
+
+
+def test_sequence_bias_in_transformers_dict_form(tiny_llama):
+    plain = tiny_llama.generate(input_ids=[[5, 6, 7]], max_new_tokens=3, eos_token_id=None)
+    first = plain[0][3]
+    biased = tiny_llama.generate(input_ids=[[5, 6, 7]], max_new_tokens=3, eos_token_id=None,
+                                 sequence_bias={(first,): -100.0})
+    assert biased[0][3] != first

@@ -5,6 +5,7 @@ import json
 import os
 
 from . import _arrays
+from ._attrdict import AttrDict
 
 # The options the engine implements, under Transformers' names (plus augur's own, marked).
 ENGINE_OPTIONS = (
@@ -80,15 +81,9 @@ class GenerationConfig:
         return f"GenerationConfig {json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)}"
 
 
-class GenerateDecoderOnlyOutput(dict):
+class GenerateDecoderOnlyOutput(AttrDict):
     """`return_dict_in_generate=True`: `sequences` (as `generate` returns them) and augur's `stats`, one dict per
     row (drafted, accepted, acceptance_rate, tokens_per_target_forward, seconds, ...); by key or attribute."""
-
-    def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
 
 def engine_options(config, kwargs):
@@ -114,9 +109,9 @@ def engine_options(config, kwargs):
     if explicit_eos_none:
         # `eos_token_id=None` passed to generate() turns EOS off in Transformers (the call's value wins).
         merged["eos_token_id"] = []
-    for key in ("sequence_bias",):
-        if isinstance(merged.get(key), dict):
-            merged[key] = [[list(seq), bias] for seq, bias in merged[key].items()]
+    if isinstance(merged.get("sequence_bias"), dict):
+        # Transformers' dict form {(ids...): bias} as the engine's list form [[[ids...], bias], ...].
+        merged["sequence_bias"] = [[list(seq), bias] for seq, bias in merged["sequence_bias"].items()]
     return merged
 
 

@@ -1,17 +1,12 @@
 """`AutoTokenizer` and the tokenizer object it returns, shaped like Transformers' fast tokenizers."""
 
 from . import _arrays
+from ._attrdict import AttrDict
 from ._native import Tokenizer as _NativeTokenizer
 
 
-class BatchEncoding(dict):
+class BatchEncoding(AttrDict):
     """What calling a tokenizer returns: `input_ids` and `attention_mask`, as keys and as attributes."""
-
-    def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
 
     def to(self, device):
         """Moves torch tensors to `device` (augur runs on the CPU, so this is for code written for Transformers)."""
