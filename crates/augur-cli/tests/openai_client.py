@@ -89,6 +89,14 @@ for t in content:
     assert abs(t.logprob - max(x.logprob for x in t.top_logprobs)) < 1e-6, t
 c = client.completions.create(model=model, prompt=prompt, max_tokens=5, temperature=0, logprobs=1)
 assert len(c.choices[0].logprobs.token_logprobs) == 5, c.choices[0].logprobs
+# Streamed, each chunk carries its tokens' entries; together they are the whole answer's.
+streamed = []
+for chunk in client.chat.completions.create(
+    model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True
+):
+    if chunk.choices and chunk.choices[0].logprobs is not None:
+        streamed.extend(chunk.choices[0].logprobs.content)
+assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
 
 # n = 2: two choices, indexed; greedy choices are equal.
 two = client.completions.create(model=model, prompt=prompt, max_tokens=8, temperature=0, n=2)

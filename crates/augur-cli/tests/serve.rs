@@ -349,6 +349,45 @@ fn openai_fields_are_honoured() {
     assert_eq!(content.len() as u64, chat["usage"]["completion_tokens"].as_u64().unwrap());
     assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 3);
     assert!(content[0]["bytes"].is_array());
+    // The tokens' own bytes (an EOS entry aside, whose text the answer skips) decode to the answer's text (which
+    // shows a character cut by `max_tokens` as U+FFFD).
+    let bytes: Vec<u8> = content
+        .iter()
+        .filter(|t| t["token"] != "<|endoftext|>")
+        .flat_map(|t| t["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8))
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&bytes), chat["choices"][0]["message"]["content"].as_str().unwrap());
+
+    // Streamed log-probabilities: each chunk carries the entries of the tokens accepted with it (several per
+    // chunk under speculation); together they are the whole answer's, and the texts add up to its text.
+    let stream = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "logprobs": 2, "stream": true,
+                "speculation": {"method": "early_exit", "assistant_early_exit": 3, "num_assistant_tokens": 3,
+                                "assistant_confidence_threshold": 0, "cost_aware_drafting": false}}),
+    );
+    assert_eq!(stream.status, 200, "{}", stream.body);
+    let chunks: Vec<Value> =
+        stream.events().iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let (mut streamed_text, mut streamed_lps, mut offsets, mut widest) = (String::new(), vec![], vec![], 0);
+    for c in &chunks {
+        streamed_text.push_str(c["choices"][0]["text"].as_str().unwrap_or_default());
+        if let Some(lp) = c["choices"][0]["logprobs"].as_object() {
+            let n = lp["token_logprobs"].as_array().unwrap().len();
+            widest = widest.max(n);
+            streamed_lps.extend(lp["token_logprobs"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()));
+            offsets.extend(lp["text_offset"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()));
+        }
+    }
+    assert_eq!(streamed_text, text);
+    assert_eq!(streamed_lps.len(), 16);
+    assert!(widest > 1, "a speculative round's tokens arrive in one chunk");
+    for (x, y) in streamed_lps.iter().zip(lp["token_logprobs"].as_array().unwrap()) {
+        assert!((x - y.as_f64().unwrap()).abs() < 1e-4, "{x} vs {y}");
+    }
+    let whole: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(offsets, whole, "offsets run on across chunks");
 
     // `n`: greedy choices all equal the single answer; seeded sampled choices are each reproducible.
     let two = greedy(json!({"n": 2}));

@@ -13,9 +13,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use augur::generation::config::GenerationOptions;
+use augur::generation::output::TokenLogprob;
 use augur::io::resolve::resolve_model;
 use augur::models;
-use augur::pipeline::{self, Assistant, CallOptions, LoadedLm, Pipeline};
+use augur::pipeline::{self, Assistant, CallOptions, LoadedLm, Pipeline, Sinks};
 use augur::tokenizer::{ChatMessage, Tokenizer as EngineTokenizer};
 use augur::{Device, Error};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -403,10 +404,10 @@ impl Job {
             }
             let output = match &stream {
                 Some(tx) => {
-                    let mut send = |block: &[u32]| {
+                    let mut send = |block: &[u32], _: &[TokenLogprob]| {
                         let _ = tx.send(block.to_vec());
                     };
-                    pipe.call_ids_streaming_tokens(row, &self.call, &mut send)?
+                    pipe.call_ids_with(row, &self.call, Sinks { text: None, tokens: Some(&mut send) })?
                 }
                 None => pipe.call_ids(row, &self.call, None)?,
             };

@@ -580,9 +580,6 @@ pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
     if logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
         return Err(refuse(top_field, &format!("must be at most {MAX_TOP_LOGPROBS}")));
     }
-    if logprobs.is_some() && stream {
-        return Err(refuse("logprobs", "is not supported with `stream` yet; ask for the whole answer"));
-    }
     let echo = !chat && b.echo.unwrap_or(false);
     if logprobs.is_some() && echo {
         return Err(refuse("logprobs", "is not supported with `echo` (no prompt log-probabilities)"));
@@ -652,15 +649,15 @@ pub struct Meta {
 /// A token as text, for log-probabilities: its text decoded alone (special tokens included) and that text's
 /// UTF-8 bytes. A byte-level token holding part of a character decodes to U+FFFD, so its `bytes` are those of
 /// U+FFFD, not the raw byte.
+/// A token's text (decoded alone; U+FFFD where it holds part of a character) and its own bytes.
 fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let text = tokenizer.decode(&[id], false).unwrap_or_default();
-    let bytes = text.as_bytes().to_vec();
-    (text, bytes)
+    (tokenizer.decode(&[id], false).unwrap_or_default(), tokenizer.token_bytes(id))
 }
 
-/// A choice's `logprobs`: chats' `{"content": [...]}` or completions' `tokens` / `token_logprobs` /
-/// `top_logprobs` / `text_offset` columns.
-pub fn logprobs(tokenizer: &Tokenizer, chat: bool, entries: &[TokenLogprob]) -> Value {
+/// A choice's `logprobs` (or a streamed chunk's): chats' `{"content": [...]}` or completions' `tokens` /
+/// `token_logprobs` / `top_logprobs` / `text_offset` columns, the offsets counted from `text_offset`, which
+/// is moved past these tokens' bytes.
+pub fn logprobs(tokenizer: &Tokenizer, chat: bool, entries: &[TokenLogprob], text_offset: &mut usize) -> Value {
     if chat {
         let entry = |id: u32, lp: f32| {
             let (token, bytes) = token_text(tokenizer, id);
@@ -676,12 +673,11 @@ pub fn logprobs(tokenizer: &Tokenizer, chat: bool, entries: &[TokenLogprob]) -> 
             .collect();
         return json!({"content": content});
     }
-    let mut offset = 0;
     let (mut tokens, mut lps, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
     for e in entries {
-        let (text, _) = token_text(tokenizer, e.token);
-        offsets.push(offset);
-        offset += text.len();
+        let (text, bytes) = token_text(tokenizer, e.token);
+        offsets.push(*text_offset);
+        *text_offset += bytes.len();
         tokens.push(text);
         lps.push(e.logprob);
         // Keyed by text, as OpenAI's legacy format is: of two tokens with the same text, the likelier stays.
@@ -727,9 +723,18 @@ pub fn response(meta: &Meta, chat: bool, choices: &[Choice<'_>], outs: &[Generat
     })
 }
 
-/// One streamed chunk of choice `index`: `text` (or, for chats, a delta with `role` on the first chunk), or the
-/// final `finish_reason`.
-pub fn chunk(meta: &Meta, chat: bool, index: usize, text: Option<&str>, first: bool, finish: Option<&str>) -> Value {
+/// One streamed chunk of choice `index`: `text` (or, for chats, a delta with `role` on the first chunk) with
+/// the log-probabilities of the tokens accepted with it, or the final `finish_reason`.
+pub fn chunk(
+    meta: &Meta,
+    chat: bool,
+    index: usize,
+    text: Option<&str>,
+    logprobs: Option<Value>,
+    first: bool,
+    finish: Option<&str>,
+) -> Value {
+    let logprobs = logprobs.unwrap_or(Value::Null);
     let choice = if chat {
         let mut delta = Map::new();
         if first {
@@ -738,9 +743,9 @@ pub fn chunk(meta: &Meta, chat: bool, index: usize, text: Option<&str>, first: b
         if let Some(t) = text {
             delta.insert("content".into(), t.into());
         }
-        json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
+        json!({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
     } else {
-        json!({"index": index, "text": text.unwrap_or_default(), "logprobs": null, "finish_reason": finish})
+        json!({"index": index, "text": text.unwrap_or_default(), "logprobs": logprobs, "finish_reason": finish})
     };
     json!({
         "id": meta.id,
@@ -821,7 +826,6 @@ mod tests {
             (r#"{"prompt": "a", "logit_bias": {"x": 1}}"#, false, "logit_bias"),
             (r#"{"prompt": "a", "logit_bias": {"5": 101}}"#, false, "logit_bias"),
             (r#"{"prompt": "a", "logprobs": 21}"#, false, "logprobs"),
-            (r#"{"prompt": "a", "logprobs": 1, "stream": true}"#, false, "logprobs"),
             (r#"{"prompt": "a", "logprobs": 1, "echo": true}"#, false, "logprobs"),
             (r#"{"prompt": "a", "suffix": "b"}"#, false, "suffix"),
             (r#"{"prompt": "a", "messages": []}"#, false, "messages"),

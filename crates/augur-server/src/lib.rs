@@ -13,6 +13,7 @@ mod api;
 mod metrics;
 mod net;
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,9 +24,9 @@ use anyhow::{Context, Result};
 use augur::generation::config::GenerationOptions;
 use augur::generation::drafters::BackoffPolicy;
 use augur::generation::method::MethodName;
-use augur::generation::output::GenerationOutput;
+use augur::generation::output::{GenerationOutput, TokenLogprob};
 use augur::generation::stopping::FinishReason;
-use augur::pipeline::{CallOptions, Pipeline, Prompt};
+use augur::pipeline::{CallOptions, Pipeline, Prompt, Sinks};
 use augur::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -591,8 +592,8 @@ async fn chat_completions(State(app): State<Shared>, body: Result<Bytes, BytesRe
 enum Msg {
     /// Admitted and forked: the answer starts.
     Started(Meta),
-    /// New text of choice `.0`.
-    Text(usize, String),
+    /// New text of choice `.0`, with the log-probabilities of the tokens accepted with it when a stream asked.
+    Text(usize, String, Option<serde_json::Value>),
     /// Every choice's output, in order.
     Done(Vec<augur::Result<GenerationOutput>>),
     /// Refused before it started (bad options, queue full).
@@ -718,7 +719,7 @@ async fn answer(
                         text: &o.text,
                         out: o,
                         logprobs: match (&o.logprobs, logprobs) {
-                            (Some(l), Some(_)) => api::logprobs(&server.tokenizer, chat, l),
+                            (Some(l), Some(_)) => api::logprobs(&server.tokenizer, chat, l, &mut 0),
                             _ => serde_json::Value::Null,
                         },
                     })
@@ -781,16 +782,41 @@ fn sequence(
     };
     let id = meta.id.clone();
     let _ = tx.send(Msg::Started(meta));
+    // A streamed request for log-probabilities sends its text block by block, each with its tokens' entries.
+    let streamed_logprobs = job.req.stream && job.req.logprobs.is_some();
     // A choice's output, with the time of its first text.
     let run = |index: usize, pipe: &mut Pipeline| {
         let mut first = None;
-        let mut sink = |text: &str| {
-            first.get_or_insert_with(|| arrival.elapsed());
-            if tx.send(Msg::Text(index, text.to_string())).is_err() {
+        let pending = RefCell::new(String::new());
+        let send = |text: String, logprobs: Option<serde_json::Value>| {
+            if tx.send(Msg::Text(index, text, logprobs)).is_err() {
                 cancel.store(true, Ordering::Relaxed);
             }
         };
-        let out = pipe.call(&job.req.prompt, &job.call_for(index), Some(&mut sink));
+        let out = {
+            let mut text_sink = |text: &str| {
+                first.get_or_insert_with(|| arrival.elapsed());
+                if streamed_logprobs {
+                    pending.borrow_mut().push_str(text);
+                } else {
+                    send(text.to_string(), None);
+                }
+            };
+            let mut offset = 0;
+            let mut block_sink = |_: &[u32], scored: &[TokenLogprob]| {
+                let logprobs = api::logprobs(&server.tokenizer, chat, scored, &mut offset);
+                send(pending.take(), Some(logprobs));
+            };
+            let sinks = Sinks {
+                text: Some(&mut text_sink),
+                tokens: if streamed_logprobs { Some(&mut block_sink) } else { None },
+            };
+            pipe.call_with(&job.req.prompt, &job.call_for(index), sinks)
+        };
+        let rest = pending.take();
+        if !rest.is_empty() {
+            send(rest, None);
+        }
         (out, first, arrival.elapsed())
     };
     let ran: Vec<_> = if n == 1 {
@@ -871,7 +897,7 @@ impl Events {
     fn into_response(mut self) -> Response {
         if self.chat {
             for (i, first) in self.first.iter_mut().enumerate() {
-                self.queue.push_back(Some(api::chunk(&self.meta, true, i, Some(""), true, None).to_string()));
+                self.queue.push_back(Some(api::chunk(&self.meta, true, i, Some(""), None, true, None).to_string()));
                 *first = false;
             }
         }
@@ -891,16 +917,18 @@ impl Events {
                 };
                 let (meta, chat) = (&st.meta, st.chat);
                 match msg {
-                    Some(Msg::Text(i, t)) => {
+                    Some(Msg::Text(i, t, logprobs)) => {
                         let first = std::mem::replace(&mut st.first[i], false);
-                        st.queue.push_back(Some(api::chunk(meta, chat, i, Some(&t), first, None).to_string()));
+                        let chunk = api::chunk(meta, chat, i, Some(&t), logprobs, first, None);
+                        st.queue.push_back(Some(chunk.to_string()));
                     }
                     Some(Msg::Done(results)) => match outputs(results) {
                         Ok(outs) => {
                             for (i, o) in outs.iter().enumerate() {
                                 let reason = api::finish_reason(&o.finish_reason);
-                                st.queue
-                                    .push_back(Some(api::chunk(meta, chat, i, None, false, Some(reason)).to_string()));
+                                st.queue.push_back(Some(
+                                    api::chunk(meta, chat, i, None, None, false, Some(reason)).to_string(),
+                                ));
                             }
                             if st.include_usage {
                                 st.queue.push_back(Some(api::usage_chunk(meta, chat, &outs).to_string()));

@@ -251,6 +251,15 @@ impl CallOptions {
     }
 }
 
+/// Where a call's output goes as it lands.
+#[derive(Default)]
+pub struct Sinks<'s> {
+    /// New text, as it is accepted.
+    pub text: Option<&'s mut dyn FnMut(&str)>,
+    /// Each accepted block's token ids, with their log-probabilities when asked for.
+    pub tokens: Option<TokenSink<'s>>,
+}
+
 pub struct Pipeline {
     pub target: LoadedLm,
     pub assistant: Option<Assistant>,
@@ -328,8 +337,14 @@ impl Pipeline {
         &mut self,
         prompt: &Prompt,
         options: &CallOptions,
-        mut sink: Option<&mut dyn FnMut(&str)>,
+        sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
+        self.call_with(prompt, options, Sinks { text: sink, tokens: None })
+    }
+
+    /// [`Pipeline::call`] with both sinks (see [`Pipeline::call_ids_with`]).
+    pub fn call_with(&mut self, prompt: &Prompt, options: &CallOptions, sinks: Sinks<'_>) -> Result<GenerationOutput> {
+        let Sinks { text: mut sink, tokens } = sinks;
         let ids = self.encode(prompt, options.add_special_tokens.unwrap_or(true))?;
         let prefix = match prompt {
             Prompt::Text(t) if options.return_full_text.unwrap_or(true) => t.as_str(),
@@ -338,7 +353,7 @@ impl Pipeline {
         if let Some(s) = sink.as_mut().filter(|_| !prefix.is_empty()) {
             s(prefix);
         }
-        let mut out = self.run(&ids, options, sink, None)?;
+        let mut out = self.run(&ids, options, Sinks { text: sink, tokens })?;
         out.text.insert_str(0, prefix);
         Ok(out)
     }
@@ -369,7 +384,7 @@ impl Pipeline {
         options: &GenerationOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
-        self.run(ids, &CallOptions::new(options.clone()), sink, None)
+        self.run(ids, &CallOptions::new(options.clone()), Sinks { text: sink, tokens: None })
     }
 
     /// [`Pipeline::call`] on prompt token ids (the new text only).
@@ -379,18 +394,13 @@ impl Pipeline {
         options: &CallOptions,
         sink: Option<&mut dyn FnMut(&str)>,
     ) -> Result<GenerationOutput> {
-        self.run(ids, options, sink, None)
+        self.run(ids, options, Sinks { text: sink, tokens: None })
     }
 
-    /// [`Pipeline::call_ids`] that hands each accepted block's token ids to `on_tokens` as it lands (what
-    /// Transformers' streamers receive) instead of text.
-    pub fn call_ids_streaming_tokens(
-        &mut self,
-        ids: &[u32],
-        options: &CallOptions,
-        on_tokens: &mut dyn FnMut(&[u32]),
-    ) -> Result<GenerationOutput> {
-        self.run(ids, options, None, Some(on_tokens))
+    /// [`Pipeline::call_ids`] with both sinks: text as it is accepted, and each accepted block's token ids with
+    /// their log-probabilities (what Transformers' streamers and streamed `logprobs` receive).
+    pub fn call_ids_with(&mut self, ids: &[u32], options: &CallOptions, sinks: Sinks<'_>) -> Result<GenerationOutput> {
+        self.run(ids, options, sinks)
     }
 
     /// Uses `tokenizer` as the assistant's for universal assisted decoding (Transformers' `assistant_tokenizer`)
@@ -402,13 +412,8 @@ impl Pipeline {
         Ok(std::mem::replace(a.tokenizer_mut(), tokenizer))
     }
 
-    fn run<'s>(
-        &mut self,
-        ids: &[u32],
-        call: &CallOptions,
-        sink: Option<&'s mut dyn FnMut(&str)>,
-        token_sink: Option<TokenSink<'s>>,
-    ) -> Result<GenerationOutput> {
+    fn run(&mut self, ids: &[u32], call: &CallOptions, sinks: Sinks<'_>) -> Result<GenerationOutput> {
+        let Sinks { text: sink, tokens: token_sink } = sinks;
         // A named method reads only its own speculation fields (see `MethodName::scope`).
         let options = match call.method {
             Some(m) => m.scope(&call.generation)?,

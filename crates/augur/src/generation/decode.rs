@@ -90,10 +90,7 @@ pub fn generate(
         let logits = logits_rows(&out, TARGET, model.cache_len() - 1)?.pop().unwrap_or_default();
         let raw = emitter.wants_logprobs().then(|| logits.clone());
         let next = next_token(&processor, &mut sampler, emitter.tokens(), logits);
-        emitter.accept(&[next])?;
-        if let Some(raw) = raw {
-            emitter.record_logprobs(&[raw], &[next]);
-        }
+        emitter.accept_scored(&[next], raw.as_ref().map(std::slice::from_ref))?;
         pending = vec![next];
     }
     stats.new_tokens = emitter.generated().len();

@@ -95,8 +95,9 @@ impl TokenLogprob {
     }
 }
 
-/// Where each accepted block's kept token ids go.
-pub type TokenSink<'s> = &'s mut dyn FnMut(&[u32]);
+/// Where each accepted block's kept token ids go, with their log-probabilities when those are recorded (else
+/// an empty slice).
+pub type TokenSink<'s> = &'s mut dyn FnMut(&[u32], &[TokenLogprob]);
 
 /// The growing sequence of one request.
 pub struct Emitter<'t, 's> {
@@ -162,7 +163,8 @@ impl<'t, 's> Emitter<'t, 's> {
         }
     }
 
-    /// Hands each accepted block's kept tokens (EOS included) to `sink` as they land.
+    /// Hands each accepted block's kept tokens (EOS included), with their log-probabilities when recorded, to
+    /// `sink` as they land.
     pub fn with_token_sink(mut self, sink: Option<TokenSink<'s>>) -> Self {
         self.token_sink = sink;
         self
@@ -181,17 +183,9 @@ impl<'t, 's> Emitter<'t, 's> {
         self
     }
 
-    /// Whether the decoding loop must hand the raw rows of kept tokens to [`Emitter::record_logprobs`].
+    /// Whether the decoding loop must hand the raw rows of a block to [`Emitter::accept_scored`].
     pub fn wants_logprobs(&self) -> bool {
         self.logprobs.is_some()
-    }
-
-    /// Records the log-probabilities of the kept `tokens`; `rows[i]` holds the raw target logits `[vocab]` that
-    /// `tokens[i]` was chosen from.
-    pub fn record_logprobs(&mut self, rows: &[Vec<f32>], tokens: &[u32]) {
-        if let Some((top, out)) = self.logprobs.as_mut() {
-            out.extend(rows.iter().zip(tokens).map(|(row, &t)| TokenLogprob::from_logits(row, t, *top)));
-        }
     }
 
     /// Ends the sequence (as [`FinishReason::Cancelled`]) after the next accepted token once `flag` is set.
@@ -272,6 +266,12 @@ impl<'t, 's> Emitter<'t, 's> {
     /// including the token that ends the sequence (an EOS, the last token of the budget, or the token that
     /// completes a stop string).
     pub fn accept(&mut self, block: &[u32]) -> Result<usize> {
+        self.accept_scored(block, None)
+    }
+
+    /// [`Emitter::accept`], recording the kept tokens' log-probabilities when they are asked for: `rows[i]`
+    /// holds the raw target logits `[vocab]` that `block[i]` was chosen from.
+    pub fn accept_scored(&mut self, block: &[u32], rows: Option<&[Vec<f32>]>) -> Result<usize> {
         let mut kept = 0;
         for &t in block {
             if self.finish.is_some() {
@@ -298,9 +298,15 @@ impl<'t, 's> Emitter<'t, 's> {
                 self.finish = Some(FinishReason::Cancelled);
             }
         }
+        let kept_tokens = &self.tokens[self.tokens.len() - kept..];
+        let mut scored: &[TokenLogprob] = &[];
+        if let (Some(rows), Some((top, out))) = (rows, self.logprobs.as_mut()) {
+            out.extend(rows.iter().zip(kept_tokens).map(|(row, &t)| TokenLogprob::from_logits(row, t, *top)));
+            scored = &out[out.len() - kept..];
+        }
         if kept > 0 {
             if let Some(sink) = self.token_sink.as_mut() {
-                sink(&self.tokens[self.tokens.len() - kept..]);
+                sink(kept_tokens, scored);
             }
         }
         if self.finish.is_some() {

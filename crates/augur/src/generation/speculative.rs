@@ -105,10 +105,7 @@ pub fn generate_with(
 
         let mut block = drafts[..accepted].to_vec();
         block.push(next);
-        let kept = emitter.accept(&block)?;
-        if let Some(raw) = &raw {
-            emitter.record_logprobs(&raw[..kept], &block[..kept]);
-        }
+        let kept = emitter.accept_scored(&block, raw.as_deref())?;
         stats.drafted += gamma;
         // A draft cut by EOS, the budget or a stop string was not used, whatever the verdict.
         let n = kept - 1;

@@ -237,6 +237,26 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The bytes token `id` stands for (OpenAI's `bytes` of a log-probability entry, which may be part of a
+    /// UTF-8 character): byte-level BPE's characters mapped back to their bytes, a byte-fallback `<0xNN>`
+    /// token's byte, SentencePiece's `▁` as a space; a special token's text.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(token) = self.id_to_token(id) else { return Vec::new() };
+        if self.is_special(id) {
+            return token.into_bytes();
+        }
+        if self.kind == "byte-level BPE" {
+            if let Some(bytes) = token.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>() {
+                return bytes;
+            }
+        }
+        let hex = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>')).filter(|h| h.len() == 2);
+        if let Some(byte) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            return vec![byte];
+        }
+        token.replace('\u{2581}', " ").into_bytes()
+    }
+
     /// Number of ids, added tokens included (Transformers' `len(tokenizer)`).
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -329,6 +349,18 @@ pub(crate) fn clean_up_tokenization(text: &str) -> String {
         .replace(" 're", "'re")
 }
 
+/// The byte behind a character of byte-level BPE's alphabet (GPT-2's `bytes_to_unicode`): printable bytes stand
+/// for themselves, the other 68 (0–32, 127–160, 173) for U+0100 onward in their order.
+fn byte_level_byte(c: char) -> Option<u8> {
+    match c as u32 {
+        b @ (33..=126 | 161..=172 | 174..=255) => Some(b as u8),
+        n @ 256..=288 => Some((n - 256) as u8),
+        n @ 289..=322 => Some((n - 289 + 127) as u8),
+        323 => Some(173),
+        _ => None,
+    }
+}
+
 fn special_ids(inner: &Inner) -> HashSet<u32> {
     inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
 }
@@ -400,6 +432,25 @@ pub(crate) mod tests {
             Path::new("test"),
         )
         .expect("tokenizer")
+    }
+
+    /// Each token's bytes, concatenated, are the text's bytes, also where a token ends inside a character.
+    #[test]
+    fn token_bytes_concatenate_to_the_text() {
+        let tok = byte_level_tokenizer();
+        let text = "hi wé 日本\u{0}\u{7f}\u{ad}!";
+        let ids = tok.encode(text, false).unwrap();
+        assert!(ids.iter().any(|&id| std::str::from_utf8(&tok.token_bytes(id)).is_err()), "a partial character");
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id)).collect();
+        assert_eq!(bytes, text.as_bytes());
+        let end = tok.token_to_id("<|im_end|>").unwrap();
+        assert_eq!(tok.token_bytes(end), b"<|im_end|>");
+        for b in 0..=255u8 {
+            let c = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+                .into_iter()
+                .find(|&c| byte_level_byte(c) == Some(b));
+            assert!(c.is_some(), "byte {b} has a character");
+        }
     }
 
     #[test]
