@@ -204,6 +204,15 @@ impl Model {
         Ok(Model { weights: Arc::new(Mutex::new(Some(weights))), tokenizer, path, config, has_mtp, defaults })
     }
 
+    /// Forwards of this model that ran in one batch with another sequence's (batched rows run so).
+    #[getter]
+    fn batched_forwards(&self) -> u64 {
+        match &*lock(&self.weights) {
+            Some(Weights::Lm(lm)) => lm.model.batched_forwards(),
+            _ => 0,
+        }
+    }
+
     /// The model's own tokenizer (`None` for a Gemma 4 assistant stored without one).
     #[getter]
     fn tokenizer(&self, py: Python<'_>) -> Option<Py<Tokenizer>> {
@@ -391,30 +400,56 @@ impl Job {
         result
     }
 
+    /// Runs the rows: one row (or a model that cannot fork, one with MTP layers) on `pipe`; several each on a
+    /// fork of it, on threads of their own, so that their forwards run as batched forwards (each row gets the
+    /// numbers it would get alone).
     fn rows_through(
         &self,
         pipe: &mut Pipeline,
         stream: Option<mpsc::Sender<Vec<u32>>>,
     ) -> augur::Result<Vec<(Vec<u32>, String, String)>> {
-        let cancelled = || self.call.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed));
-        let mut out = Vec::with_capacity(self.rows.len());
-        for row in &self.rows {
-            if cancelled() {
-                return Err(Error::Generation("cancelled".into()));
-            }
-            let output = match &stream {
-                Some(tx) => {
-                    let mut send = |block: &[u32], _: &[TokenLogprob]| {
-                        let _ = tx.send(block.to_vec());
-                    };
-                    pipe.call_ids_with(row, &self.call, Sinks { text: None, tokens: Some(&mut send) })?
-                }
-                None => pipe.call_ids(row, &self.call, None)?,
-            };
-            let stats = serde_json::to_string(&output.stats).map_err(|e| Error::Generation(e.to_string()))?;
-            out.push((output.tokens, output.finish_reason.as_str().to_string(), stats));
+        let forks = match self.rows.len() {
+            0 | 1 => None,
+            n => (1..n).map(|_| pipe.fork()).collect::<augur::Result<Vec<_>>>().ok(),
+        };
+        let Some(mut forks) = forks else {
+            return self.rows.iter().map(|row| self.row_through(pipe, row, stream.as_ref())).collect();
+        };
+        std::thread::scope(|s| {
+            let first = s.spawn(|| self.row_through(pipe, &self.rows[0], None));
+            let rest: Vec<_> = forks
+                .iter_mut()
+                .zip(&self.rows[1..])
+                .map(|(fork, row)| s.spawn(move || self.row_through(fork, row, None)))
+                .collect();
+            std::iter::once(first)
+                .chain(rest)
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Generation("a row's thread panicked".into()))))
+                .collect()
+        })
+    }
+
+    /// One row's generation: its new tokens, finish reason and stats (JSON).
+    fn row_through(
+        &self,
+        pipe: &mut Pipeline,
+        row: &[u32],
+        stream: Option<&mpsc::Sender<Vec<u32>>>,
+    ) -> augur::Result<(Vec<u32>, String, String)> {
+        if self.call.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(Error::Generation("cancelled".into()));
         }
-        Ok(out)
+        let output = match stream {
+            Some(tx) => {
+                let mut send = |block: &[u32], _: &[TokenLogprob]| {
+                    let _ = tx.send(block.to_vec());
+                };
+                pipe.call_ids_with(row, &self.call, Sinks { text: None, tokens: Some(&mut send) })?
+            }
+            None => pipe.call_ids(row, &self.call, None)?,
+        };
+        let stats = serde_json::to_string(&output.stats).map_err(|e| Error::Generation(e.to_string()))?;
+        Ok((output.tokens, output.finish_reason.as_str().to_string(), stats))
     }
 }
 

@@ -24,8 +24,10 @@ def test_batched_rows_equal_single_runs(tiny_llama, tiny_tokenizer, tiny_assista
     finally:
         tiny_tokenizer.padding_side = "left"
     assert len({len(tiny_tokenizer(p)["input_ids"]) for p in PROMPTS}) > 1, "the rows must need padding"
+    merged = tiny_llama._native.batched_forwards
     out = tiny_llama.generate(**batch, max_new_tokens=16, cost_aware_drafting=False, return_dict_in_generate=True,
                               **options)
+    assert tiny_llama._native.batched_forwards > merged, "the rows ran as forks whose forwards batched"
     assert out.sequences.shape[0] == len(PROMPTS)
     width = batch["input_ids"].shape[1]
     for i, prompt in enumerate(PROMPTS):

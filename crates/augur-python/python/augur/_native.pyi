@@ -32,6 +32,7 @@ class Model:
     path: str
     defaults: str
     config: dict
+    batched_forwards: int
     def generate(
         self,
         rows: list[list[int]],

@@ -65,8 +65,8 @@ class AugurModelForCausalLM:
         as a list of lists, a numpy array or a torch tensor (whichever the input was); rows that end first are
         padded with `pad_token_id` (the EOS token when there is none).
 
-        Padded rows (with `attention_mask`, or pad tokens in a batch) run one by one, each exactly as it would
-        alone, speculation included (Transformers refuses batched assisted decoding). Every generation option
+        Padded rows (with `attention_mask`, or pad tokens in a batch) run as forks whose forwards batch, each
+        exactly as it would alone, speculation included (Transformers refuses batched assisted decoding). Every generation option
         augur supports is taken under Transformers' name (`assistant_model`, `prompt_lookup_num_tokens`,
         `assistant_early_exit`, `use_mtp`, `do_sample`, `max_new_tokens`, ...); an unknown name, or an option
         augur does not implement at a value that would change the output, raises `ValueError`.
