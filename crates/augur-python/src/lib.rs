@@ -7,7 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -251,7 +251,7 @@ impl Model {
         Ok(d)
     }
 
-    /// Generates from each row of prompt token ids in turn (each row alone, as its own sequence) under
+    /// Generates from each row of prompt token ids (each row as its own sequence, see `Job::rows_through`) under
     /// `options` (a JSON object of generation options), drafting with `assistant` when given (its generation
     /// defaults overridden by `assistant_options` for this call), and returns per row `(new token ids, finish
     /// reason, stats as JSON)`. `on_tokens(ids)` receives each accepted block as it lands (one row only).
@@ -275,15 +275,15 @@ impl Model {
         if assistant.is_some_and(|a| Arc::ptr_eq(&a.weights, &self.weights)) {
             return Err(PyValueError::new_err("the assistant model must be another model than the one generating"));
         }
+        let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
             target: Arc::clone(&self.weights),
             assistant: assistant.map(|a| Arc::clone(&a.weights)),
             assistant_tokenizer: assistant_tokenizer.map(|t| Arc::clone(&t.inner)),
             assistant_options,
             rows,
-            call: CallOptions { cancel: Some(Arc::default()), ..CallOptions::new(generation) },
+            call: CallOptions { cancel: Some(Arc::clone(&cancel)), ..CallOptions::new(generation) },
         };
-        let cancel = job.call.cancel.clone().unwrap_or_default();
         let (tx, mut rx) = mpsc::channel::<Vec<u32>>();
         let streaming = on_tokens.is_some();
         let worker = std::thread::spawn(move || job.run(streaming.then_some(tx)));

@@ -646,9 +646,6 @@ pub struct Meta {
     pub model: String,
 }
 
-/// A token as text, for log-probabilities: its text decoded alone (special tokens included) and that text's
-/// UTF-8 bytes. A byte-level token holding part of a character decodes to U+FFFD, so its `bytes` are those of
-/// U+FFFD, not the raw byte.
 /// A token's text (decoded alone; U+FFFD where it holds part of a character) and its own bytes.
 fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     (tokenizer.decode(&[id], false).unwrap_or_default(), tokenizer.token_bytes(id))

@@ -117,8 +117,7 @@ def engine_options(config, kwargs):
 
 def _edits(model):
     """The fields of `model.generation_config` that differ from what the engine loaded with the model."""
-    loaded = json.loads(model._native.defaults)
-    return {k: v for k, v in model.generation_config.to_dict().items() if loaded.get(k) != v}
+    return {k: v for k, v in model.generation_config.to_dict().items() if model._loaded_defaults.get(k) != v}
 
 
 def _real_tokens(row, mask):
@@ -171,13 +170,12 @@ def generate(model, inputs=None, generation_config=None, logits_processor=None, 
         masks, _ = _arrays.to_rows(attention_mask, "attention_mask")
         if len(masks) != len(rows):
             raise ValueError(f"attention_mask has {len(masks)} rows for {len(rows)} rows of input_ids")
-    defaults = json.loads(model._native.defaults)
-    pad = options.get("pad_token_id", defaults.get("pad_token_id"))
-    eos = options.get("eos_token_id", defaults.get("eos_token_id"))
+    pad = options.get("pad_token_id", model._loaded_defaults.get("pad_token_id"))
+    eos = options.get("eos_token_id", model._loaded_defaults.get("eos_token_id"))
     eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
     if pad is None:
         pad = eos_ids[0] if eos_ids else 0
-    if masks is None and len(rows) > 1 and pad is not None and pad not in eos_ids:
+    if masks is None and len(rows) > 1 and pad not in eos_ids:
         # As Transformers infers the mask of a batch: positions holding the pad token are padding.
         masks = [[int(t != pad) for t in row] for row in rows]
     prompts = [_real_tokens(r, masks[i] if masks else None) for i, r in enumerate(rows)]

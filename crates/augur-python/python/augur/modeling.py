@@ -31,8 +31,10 @@ class AugurModelForCausalLM:
         self._native = native
         self.name_or_path = name_or_path
         self.config = ModelConfig(native.config)
+        # The generation defaults the engine read with the model; `generate` sends only what differs from them.
+        self._loaded_defaults = json.loads(native.defaults)
         self.generation_config = generation.GenerationConfig(**{
-            k: v for k, v in json.loads(native.defaults).items()
+            k: v for k, v in self._loaded_defaults.items()
             if k in generation.ENGINE_OPTIONS or k in generation.NEUTRAL_OPTIONS
         })
         own = native.tokenizer

@@ -245,7 +245,7 @@ impl Tokenizer {
         if self.is_special(id) {
             return token.into_bytes();
         }
-        if self.kind == "byte-level BPE" {
+        if self.kind == BYTE_LEVEL_BPE {
             if let Some(bytes) = token.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>() {
                 return bytes;
             }
@@ -365,6 +365,9 @@ fn special_ids(inner: &Inner) -> HashSet<u32> {
     inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
 }
 
+/// [`Tokenizer::kind`] of byte-level BPE, whose tokens spell their bytes in GPT-2's alphabet.
+const BYTE_LEVEL_BPE: &str = "byte-level BPE";
+
 /// "byte-level BPE", "SentencePiece BPE", … from the model type and the decoder.
 fn describe(inner: &Inner) -> String {
     use tokenizers::models::ModelWrapper;
@@ -373,11 +376,11 @@ fn describe(inner: &Inner) -> String {
     let byte_level = mentions(inner.get_decoder().map(serde_json::to_string), "ByteLevel")
         || mentions(inner.get_pre_tokenizer().map(serde_json::to_string), "ByteLevel");
     let model = match inner.get_model() {
-        AnyModel::Compact(_) => return "byte-level BPE".to_string(),
+        AnyModel::Compact(_) => return BYTE_LEVEL_BPE.to_string(),
         AnyModel::Crate(m) => m,
     };
     match model {
-        ModelWrapper::BPE(_) if byte_level => "byte-level BPE".to_string(),
+        ModelWrapper::BPE(_) if byte_level => BYTE_LEVEL_BPE.to_string(),
         ModelWrapper::BPE(bpe) if bpe.byte_fallback => "SentencePiece BPE (byte fallback)".to_string(),
         ModelWrapper::BPE(_) => "BPE".to_string(),
         ModelWrapper::Unigram(_) => "SentencePiece Unigram".to_string(),
