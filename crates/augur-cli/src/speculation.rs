@@ -65,6 +65,16 @@ pub struct SpeculationArgs {
     /// Lossy static ensemble verification: accept drafts against w·p_target + (1−w)·q_draft, 0 < w < 1.
     #[arg(long, value_name = "W")]
     pub assistant_ensemble_weight: Option<f32>,
+    /// Tree drafts: above 1, prompt lookup proposes K distinct continuations at once and an assistant model
+    /// branches into its top K tokens where unsure; the target verifies the whole tree in one forward.
+    #[arg(long, value_name = "K")]
+    pub speculative_eagle_topk: Option<usize>,
+    /// Tree drafts: most nodes (draft rows) per tree (default 16).
+    #[arg(long, value_name = "N")]
+    pub speculative_num_draft_tokens: Option<usize>,
+    /// Tree drafts: the deepest path (default: the method's draft length).
+    #[arg(long, value_name = "N")]
+    pub speculative_num_steps: Option<usize>,
 }
 
 impl SpeculationArgs {
@@ -80,6 +90,9 @@ impl SpeculationArgs {
             use_mtp: self.use_mtp.then_some(true),
             assistant_early_exit: self.assistant_early_exit,
             assistant_ensemble_weight: self.assistant_ensemble_weight,
+            speculative_eagle_topk: self.speculative_eagle_topk,
+            speculative_num_draft_tokens: self.speculative_num_draft_tokens,
+            speculative_num_steps: self.speculative_num_steps,
             ..Default::default()
         }
     }

@@ -31,6 +31,17 @@ pub trait BatchModel: Send + Sync + 'static {
     fn forward(&self, seq: &mut Self::Sequence, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput>;
     /// The forwards of several sequences as one forward.
     fn forward_batch(&self, jobs: &mut [Job<Self::Sequence>]) -> Result<Vec<ForwardOutput>>;
+    /// Whether forwards may carry a tree ([`crate::models::ForwardOptions::tree`]).
+    fn supports_tree(&self) -> bool {
+        false
+    }
+    /// [`CausalLm::keep_path`] on `seq`.
+    fn keep_path(&self, _seq: &mut Self::Sequence, _start: usize, _keep: &[usize]) -> Result<()> {
+        Err(Error::InvalidOption(format!(
+            "{} models do not verify trees",
+            self.config().architecture.name()
+        )))
+    }
     /// What `seq` shares with a drafter that reads its KV (see [`KvSharing`]).
     fn kv_sharing<'a>(&'a self, _seq: &'a Self::Sequence) -> Option<Box<dyn KvSharing + 'a>> {
         None
@@ -231,6 +242,15 @@ impl<M: BatchModel> CausalLm for Batched<M> {
 
     fn cache_len(&self) -> usize {
         self.shared.model.cache_len(self.sequence())
+    }
+
+    fn supports_tree(&self) -> bool {
+        self.shared.model.supports_tree()
+    }
+
+    fn keep_path(&mut self, start: usize, keep: &[usize]) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        shared.model.keep_path(self.seq_mut(), start, keep)
     }
 
     fn fork(&self) -> Result<Box<dyn CausalLm>> {

@@ -27,6 +27,9 @@ use crate::error::{Error, Result};
 /// is added to the prompt length in that case).
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 20;
 pub const DEFAULT_NUM_ASSISTANT_TOKENS: usize = 20;
+/// Nodes of a tree draft when `speculative_num_draft_tokens` is unset: a 16-row forward of the 1.5B costs
+/// little more than an 8-row one on 2 cores (BENCHMARKS.md, the k curve).
+pub const DEFAULT_TREE_NODES: usize = 16;
 pub const DEFAULT_ASSISTANT_CONFIDENCE_THRESHOLD: f32 = 0.4;
 pub const DEFAULT_MAX_MATCHING_NGRAM_SIZE: usize = 2;
 pub const DEFAULT_LOOKBEHIND: usize = 10;
@@ -186,6 +189,17 @@ generation_fields! {
     assistant_ensemble_weight: opt f32 = (), parse_de::<f32>;
     /// Multi-token-prediction self-drafting with the model's MTP layers.
     use_mtp: plain bool = false, parse_de::<bool>;
+    /// Tree drafting (vLLM's and SGLang's `speculative_eagle_topk`): above 1, prompt lookup proposes the
+    /// continuations of up to this many distinct matches as one tree, and an assistant model branches into its
+    /// this many top tokens where its confidence is low, expanding this many paths per depth. 1 or unset: one
+    /// chain per round, as Transformers.
+    speculative_eagle_topk: opt usize = (), parse_de::<usize>;
+    /// Tree drafting: most nodes in one tree, i.e. draft rows in one verification (vLLM's and SGLang's
+    /// `speculative_num_draft_tokens`; effective default 16).
+    speculative_num_draft_tokens: opt usize = (), parse_de::<usize>;
+    /// Tree drafting: the deepest path (SGLang's `speculative_num_steps`); unset: the method's draft length
+    /// (`num_assistant_tokens`, `prompt_lookup_num_tokens`).
+    speculative_num_steps: opt usize = (), parse_de::<usize>;
     /// Universal assisted decoding: previous assistant tokens re-decoded when mapping drafts (effective 10).
     assistant_lookbehind: opt usize = (), parse_de::<usize>;
     /// Universal assisted decoding: previous target tokens re-encoded for the assistant (effective 10).
@@ -328,6 +342,20 @@ impl GenerationConfig {
     /// `top_p` above 1 is accepted (Transformers then skips top-p).
     pub fn validate(&self) -> Result<()> {
         let err = |msg: String| Err(Error::InvalidOption(msg));
+        for (name, v) in [
+            ("speculative_eagle_topk", self.speculative_eagle_topk),
+            ("speculative_num_draft_tokens", self.speculative_num_draft_tokens),
+            ("speculative_num_steps", self.speculative_num_steps),
+        ] {
+            if v == Some(0) {
+                return err(format!("`{name}` must be at least 1, but is 0."));
+            }
+        }
+        if self.tree_shape().is_some() && self.assistant_ensemble_weight.is_some() {
+            return err("`assistant_ensemble_weight` verifies one chain of drafts; it cannot be combined with tree \
+                        drafts (`speculative_eagle_topk` above 1)."
+                .to_string());
+        }
         if let Some(n) = self.max_new_tokens {
             if n == 0 {
                 return err(format!("`max_new_tokens` must be greater than 0, but is {n}."));
@@ -432,7 +460,18 @@ impl GenerationConfig {
     }
 
     pub fn effective_num_assistant_tokens(&self) -> usize {
-        self.num_assistant_tokens.unwrap_or(DEFAULT_NUM_ASSISTANT_TOKENS)
+        match (self.tree_shape(), self.speculative_num_steps) {
+            (Some(_), Some(n)) => n,
+            _ => self.num_assistant_tokens.unwrap_or(DEFAULT_NUM_ASSISTANT_TOKENS),
+        }
+    }
+
+    /// The trees drafters propose, `None` for chains (`speculative_eagle_topk` unset or 1).
+    pub fn tree_shape(&self) -> Option<crate::generation::drafters::TreeShape> {
+        self.speculative_eagle_topk.filter(|&k| k > 1).map(|branches| crate::generation::drafters::TreeShape {
+            branches,
+            nodes: self.speculative_num_draft_tokens.unwrap_or(DEFAULT_TREE_NODES),
+        })
     }
 
     pub fn assistant_tokens_schedule(&self) -> AssistantTokensSchedule {

@@ -52,7 +52,7 @@ impl MethodName {
             assistant_confidence_adaptive: o.assistant_confidence_adaptive,
             assistant_ensemble_weight: o.assistant_ensemble_weight,
             cost_aware_drafting: o.cost_aware_drafting,
-            ..Default::default()
+            ..tree_options(o)
         };
         Ok(match self {
             MethodName::Plain => GenerationOptions::default(),
@@ -60,7 +60,7 @@ impl MethodName {
                 prompt_lookup_num_tokens: Some(o.prompt_lookup_num_tokens.unwrap_or(DEFAULT_PROMPT_LOOKUP_NUM_TOKENS)),
                 max_matching_ngram_size: o.max_matching_ngram_size,
                 cost_aware_drafting: o.cost_aware_drafting,
-                ..Default::default()
+                ..tree_options(o)
             },
             MethodName::AssistantModel => GenerationOptions {
                 assistant_lookbehind: o.assistant_lookbehind,
@@ -88,11 +88,24 @@ impl MethodName {
     }
 }
 
+/// The tree-drafting fields of `o` alone.
+fn tree_options(o: &GenerationOptions) -> GenerationOptions {
+    GenerationOptions {
+        speculative_eagle_topk: o.speculative_eagle_topk,
+        speculative_num_draft_tokens: o.speculative_num_draft_tokens,
+        speculative_num_steps: o.speculative_num_steps,
+        ..Default::default()
+    }
+}
+
 /// `o` without any speculation field.
 pub fn without_speculation(o: &GenerationOptions) -> GenerationOptions {
     GenerationOptions {
         prompt_lookup_num_tokens: None,
         max_matching_ngram_size: None,
+        speculative_eagle_topk: None,
+        speculative_num_draft_tokens: None,
+        speculative_num_steps: None,
         num_assistant_tokens: None,
         num_assistant_tokens_schedule: None,
         assistant_confidence_threshold: None,

@@ -1,6 +1,7 @@
 //! The one speculative loop, shared by every drafter: propose → verify in one target forward → accept →
 //! roll back → adapt. The loop never knows which drafter it drives.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::config::GenerationConfig;
@@ -10,9 +11,10 @@ use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{Block, Exact, Verdict, Verifier};
-use crate::error::Result;
+use super::verify::{Block, Exact, TreeBlock, TreeVerdict, Verdict, Verifier};
+use crate::error::{Error, Result};
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::nn::TreeMask;
 
 /// Generates with `drafter` proposing and `target` verifying until the emitter finishes. The target's cache
 /// must be empty.
@@ -36,6 +38,12 @@ pub fn generate_with(
     verifier: &dyn Verifier,
 ) -> Result<()> {
     let start = Instant::now();
+    if cfg.tree_shape().is_some() && !target.supports_tree() {
+        return Err(Error::InvalidOption(format!(
+            "`speculative_eagle_topk` above 1: {} models do not verify trees",
+            target.config().architecture.name()
+        )));
+    }
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::new(cfg.seed);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
@@ -66,6 +74,25 @@ pub fn generate_with(
         };
         let draft_seconds = t0.elapsed().as_secs_f64();
         stats.draft_seconds += draft_seconds;
+        let draft = match (&draft.parents, cap) {
+            // A node is a verification row: the cost model's cap on a chain's rows caps the tree's (its first
+            // nodes, which come first in the drafter's order of preference).
+            (Some(_), DraftCap::AtMost(g)) => draft.within_depth(max_drafts).first_nodes(g),
+            (Some(_), DraftCap::Unlimited) => draft.within_depth(max_drafts),
+            (None, _) => draft,
+        };
+        if draft.parents.is_some() && !draft.tokens.is_empty() {
+            if target.supports_tree() {
+                let (depth, accepted, verify_seconds) =
+                    tree_round(target, &draft, &processor, emitter, stats, verifier, &mut sampler, start)?;
+                if let Some(c) = cost.as_mut() {
+                    c.record(draft.tokens.len(), accepted, draft_seconds, verify_seconds);
+                }
+                drafter.observe(emitter.tokens(), depth, accepted)?;
+                continue;
+            }
+        }
+        let draft = draft.first_chain();
         let gamma = draft.tokens.len().min(max_drafts);
         let drafts = &draft.tokens[..gamma];
 
@@ -120,4 +147,59 @@ pub fn generate_with(
     }
     stats.new_tokens = emitter.generated().len();
     Ok(())
+}
+
+/// One round over a tree draft (see [`crate::generation::verify::TreeBlock`]): every node verified in one
+/// forward with a tree mask, the accepted path kept in the cache. Returns the tree's depth, the accepted drafts
+/// and the verification seconds.
+#[allow(clippy::too_many_arguments)]
+fn tree_round(
+    target: &mut dyn CausalLm,
+    draft: &Draft,
+    processor: &LogitsProcessor,
+    emitter: &mut Emitter<'_, '_>,
+    stats: &mut GenerationStats,
+    verifier: &dyn Verifier,
+    sampler: &mut Sampler,
+    start: Instant,
+) -> Result<(usize, usize, f64)> {
+    let t1 = Instant::now();
+    let (drafts, parents) = (&draft.tokens[..], draft.parents.as_deref().unwrap_or_default());
+    let n = drafts.len();
+    let depth = draft.depths().into_iter().max().unwrap_or(0);
+    // The tokens not cached yet (a chain ending at the root, the context's last token), then the nodes.
+    let cached = target.cache_len();
+    let len = emitter.tokens().len();
+    let m = len - cached;
+    let mut feed = emitter.tokens()[cached..].to_vec();
+    feed.extend_from_slice(drafts);
+    let rows: Vec<Option<usize>> =
+        (0..m).map(|r| r.checked_sub(1)).chain(parents.iter().map(|&p| Some(m - 1 + p))).collect();
+    let opts = ForwardOptions {
+        tree: Some(Arc::new(TreeMask::new(&rows)?)),
+        ..ForwardOptions::logits(LogitRows::Last(n + 1))
+    };
+    let out = target.forward(&feed, &opts)?;
+    stats.target_forwards += 1;
+    if stats.target_forwards == 1 {
+        stats.prefill_seconds = start.elapsed().as_secs_f64();
+    }
+    let mut logits = logits_rows(&out, TARGET, len - 1)?;
+    let raw = emitter.wants_logprobs().then(|| logits.clone());
+    verifier.process_tree(processor, emitter.tokens(), drafts, parents, &mut logits);
+    let block =
+        TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_deref(), do_sample: processor.do_sample() };
+    let TreeVerdict { path, next } = verifier.tree_verdict(&block, sampler);
+    let verify_seconds = t1.elapsed().as_secs_f64();
+    stats.verify_seconds += verify_seconds;
+    let mut tokens: Vec<u32> = path.iter().map(|&i| drafts[i]).collect();
+    tokens.push(next);
+    // Each emitted token's row: the root's for the first, then the row of the node it follows.
+    let scored = raw.map(|raw| std::iter::once(0).chain(path.iter().map(|&i| i + 1)).map(|r| raw[r].clone()).collect::<Vec<_>>());
+    let kept = emitter.accept_scored(&tokens, scored.as_deref())?;
+    stats.drafted += n;
+    stats.accepted += kept - 1;
+    stats.rounds.push((n, kept - 1));
+    target.keep_path(len, &path)?;
+    Ok((depth, path.len(), verify_seconds))
 }

@@ -1,5 +1,7 @@
 //! Verification of a block of drafts against the target's distributions: the longest greedy prefix, or
-//! speculative sampling (Algorithm 1 of arXiv 2211.17192) that keeps the target's distribution exactly.
+//! speculative sampling (Algorithm 1 of arXiv 2211.17192) that keeps the target's distribution exactly; and of
+//! a tree of drafts: the longest greedy path, or multi-draft speculative sampling over each node's children
+//! (recursive rejection sampling, SpecInfer, arXiv 2305.09781).
 
 use super::logits::LogitsProcessor;
 use super::sampler::{argmax, softmax, Sampler};
@@ -15,6 +17,28 @@ pub struct Block<'a> {
     /// `assistant_ensemble_weight`, `None` for lossless verification.
     pub ensemble_weight: Option<f32>,
     pub do_sample: bool,
+}
+
+/// One tree-verification forward's rows: draft `i` continues node `parents[i]` (0: the root, the context's last
+/// token; `j + 1`: draft `j < i`), siblings in the order they are tried.
+pub struct TreeBlock<'a> {
+    /// The drafts, `[n]`.
+    pub drafts: &'a [u32],
+    /// `[n]`, as above.
+    pub parents: &'a [usize],
+    /// The target's processed logits, `[n + 1][vocab]`: the root's row, then one per draft.
+    pub rows: &'a [Vec<f32>],
+    /// `q[i]`: the distribution draft `i` was drawn from; siblings were drawn independently from the same one.
+    /// `None`: deterministic drafts (one-hot `q`), distinct among siblings.
+    pub q: Option<&'a [Vec<f32>]>,
+    pub do_sample: bool,
+}
+
+/// A tree round's outcome: the accepted path (draft indices, root to leaf) and the target's own next token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeVerdict {
+    pub path: Vec<usize>,
+    pub next: u32,
 }
 
 /// How the loop turns a verification forward into a verdict. The engine uses [`Exact`] alone; the trait is the
@@ -44,6 +68,125 @@ pub trait Verifier {
             (false, Some(w), Some(q)) => accept_ensemble(drafts, rows, q, w),
             (false, _, _) => accept_prefix(drafts, rows),
         }
+    }
+
+    /// [`Self::process`] for a tree: the root's row with `context`, each draft's row with `context` followed by
+    /// the drafts on its path.
+    fn process_tree(
+        &self,
+        processor: &LogitsProcessor,
+        context: &[u32],
+        drafts: &[u32],
+        parents: &[usize],
+        rows: &mut [Vec<f32>],
+    ) {
+        let len = context.len();
+        let deepest = (0..drafts.len()).map(|i| node_depth(parents, i + 1)).max().unwrap_or(0);
+        if processor.is_noop(len) && processor.is_noop(len + deepest) {
+            return;
+        }
+        let mut ctx = context.to_vec();
+        for (node, row) in rows.iter_mut().enumerate() {
+            ctx.truncate(len);
+            ctx.extend(path_to(parents, node).iter().map(|&i| drafts[i]));
+            processor.process(&ctx, row);
+        }
+    }
+
+    /// The verdict on a tree: the greedy path, or multi-draft speculative sampling.
+    fn tree_verdict(&self, block: &TreeBlock<'_>, sampler: &mut Sampler) -> TreeVerdict {
+        if block.do_sample {
+            tree_sampling(block, sampler)
+        } else {
+            accept_tree_path(block.drafts, block.parents, block.rows)
+        }
+    }
+}
+
+/// The draft indices from the root down to `node` (0: the root, `i + 1`: draft `i`), root first.
+pub fn path_to(parents: &[usize], node: usize) -> Vec<usize> {
+    let mut path = Vec::new();
+    let mut at = node;
+    while at > 0 {
+        path.push(at - 1);
+        at = parents[at - 1];
+    }
+    path.reverse();
+    path
+}
+
+fn node_depth(parents: &[usize], node: usize) -> usize {
+    let (mut at, mut depth) = (node, 0);
+    while at > 0 {
+        (at, depth) = (parents[at - 1], depth + 1);
+    }
+    depth
+}
+
+/// The children of every node (`[n + 1]`, node 0 the root), in draft order.
+pub fn children(parents: &[usize]) -> Vec<Vec<usize>> {
+    let mut out = vec![Vec::new(); parents.len() + 1];
+    for (i, &p) in parents.iter().enumerate() {
+        out[p].push(i);
+    }
+    out
+}
+
+/// Greedy over a tree: from the root, follow the child that is the target's argmax at its parent while there
+/// is one; the argmax where there is none is the target's token. A chain gives [`accept_prefix`]'s verdict.
+pub fn accept_tree_path(drafts: &[u32], parents: &[usize], rows: &[Vec<f32>]) -> TreeVerdict {
+    let kids = children(parents);
+    let (mut node, mut path) = (0, Vec::new());
+    loop {
+        let best = argmax(&rows[node]);
+        match kids[node].iter().find(|&&c| drafts[c] == best) {
+            Some(&c) => {
+                path.push(c);
+                node = c + 1;
+            }
+            None => return TreeVerdict { path, next: best },
+        }
+    }
+}
+
+/// Multi-draft speculative sampling: at each node, its children are tried in order, child `x` kept with
+/// probability `min(1, p(x)/q(x))` against the current `p`; after each rejection `p` becomes the residual
+/// `normalize([p − q]⁺)` (one-hot `q`: `p` with `x` removed). The first kept child becomes the node and its own
+/// row the new `p`; when every child is rejected (or there is none) the token is drawn from the current `p`.
+/// With siblings drawn independently from `q` (or distinct deterministic ones) the output follows the target's
+/// distribution exactly; a chain is [`speculative_sampling`]'s algorithm, draw for draw.
+pub fn tree_sampling(block: &TreeBlock<'_>, sampler: &mut Sampler) -> TreeVerdict {
+    let TreeBlock { drafts, parents, rows, q, .. } = *block;
+    let kids = children(parents);
+    let (mut node, mut path) = (0, Vec::new());
+    'nodes: loop {
+        let mut p = softmax(&rows[node]);
+        for &c in &kids[node] {
+            let d = drafts[c] as usize;
+            let qx = q.map_or(1.0, |q| q[c][d]);
+            // As in `speculative_sampling`: `r < p/q` without the division, strict so that p(x) = 0 is never kept.
+            let r = sampler.uniform();
+            if qx > 0.0 && r * f64::from(qx) < f64::from(p[d]) {
+                path.push(c);
+                node = c + 1;
+                continue 'nodes;
+            }
+            let mut residual: Vec<f32> = match q {
+                Some(q) => p.iter().zip(&q[c]).map(|(a, b)| (a - b).max(0.0)).collect(),
+                None => {
+                    let mut r = p.clone();
+                    r[d] = 0.0;
+                    r
+                }
+            };
+            let total: f32 = residual.iter().sum();
+            if total > f32::MIN_POSITIVE {
+                residual.iter_mut().for_each(|v| *v /= total);
+                p = residual;
+            }
+            // Else p == q up to rounding (the rejection was a rounding artifact): p stays.
+        }
+        return TreeVerdict { path, next: sampler.sample(&p) };
     }
 }
 

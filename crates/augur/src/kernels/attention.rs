@@ -5,6 +5,7 @@
 //! and values once for a whole group of heads and rows.
 
 use crate::nn::kv_cache::KvCache;
+use crate::nn::TreeMask;
 
 /// Head counts and sizes of a cached attention: keys are the first `qk_dim` values of each cached key row and
 /// values the first `v_dim` of each value row (MLA caches both padded to one width).
@@ -24,16 +25,74 @@ impl AttendShape {
     }
 }
 
-/// The cached positions query `row` of a causal block starting at `start` sees (half-open), within `window`.
-pub fn causal(start: usize, window: Option<usize>) -> impl Fn(usize) -> (usize, usize) + Sync {
-    move |row| {
-        let pos = start + row;
-        (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+/// Which cached keys each query row of a block attends to: a half-open run of the row's *logical* positions
+/// (its sequence: the cache before the block, then its ancestors in the block), and where each lies in the
+/// cache. Keys are visited in logical order, so a tree row gets the bits the same row gets in a causal block
+/// holding only its path.
+pub trait Visible: Sync {
+    /// The logical positions `row` sees, half-open.
+    fn range(&self, row: usize) -> (usize, usize);
+    /// The cache position of `row`'s logical position `logical`.
+    #[inline(always)]
+    fn position(&self, _row: usize, logical: usize) -> usize {
+        logical
     }
 }
 
-/// Attention of `t` queries (`q`: `[n_heads, t, qk_dim]`, roped) over the cached positions `visible(row)` (a
-/// half-open range) of `cache`, grouped-query heads sharing its key/value heads. Each (head, query) pair is
+/// A causal block starting at cache position `start`, within `window`.
+pub struct Causal {
+    pub start: usize,
+    pub window: Option<usize>,
+}
+
+/// Query row `row` at sequence position `pos` sees `pos + 1` positions, the last `window` of them.
+fn window_range(pos: usize, window: Option<usize>) -> (usize, usize) {
+    (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
+}
+
+impl Visible for Causal {
+    #[inline(always)]
+    fn range(&self, row: usize) -> (usize, usize) {
+        window_range(self.start + row, self.window)
+    }
+}
+
+/// A tree block at cache position `start`, after the tree's cached rows: row `i` sees the cache before the
+/// tree and the rows of its path, at logical positions `tree start..=tree start + depth(i)`.
+pub struct TreeRows<'a> {
+    pub start: usize,
+    pub window: Option<usize>,
+    pub tree: &'a TreeMask,
+}
+
+impl Visible for TreeRows<'_> {
+    #[inline(always)]
+    fn range(&self, row: usize) -> (usize, usize) {
+        window_range(self.start - self.tree.cached() + self.tree.depth(row), self.window)
+    }
+
+    #[inline(always)]
+    fn position(&self, row: usize, logical: usize) -> usize {
+        let root = self.start - self.tree.cached();
+        match logical.checked_sub(root) {
+            Some(depth) => root + self.tree.path(row)[depth],
+            None => logical,
+        }
+    }
+}
+
+/// Any ranges of cache positions, given as a function of the row (positions are the cache's own).
+pub struct Ranges<F>(pub F);
+
+impl<F: Fn(usize) -> (usize, usize) + Sync> Visible for Ranges<F> {
+    #[inline(always)]
+    fn range(&self, row: usize) -> (usize, usize) {
+        (self.0)(row)
+    }
+}
+
+/// Attention of `t` queries (`q`: `[n_heads, t, qk_dim]`, roped) over the cached positions `visible` gives each
+/// row of `cache`, grouped-query heads sharing its key/value heads. Each (head, query) pair is
 /// computed on its own, in a fixed order over its visible keys, so a position's output is bit-for-bit the same
 /// whether it is decoded alone or verified in a block: greedy speculation then stays exactly lossless.
 /// Returns `[t, n_heads·v_dim]`.
@@ -44,7 +103,7 @@ pub fn attend(
     t: usize,
     scale: f32,
     softcap: Option<f32>,
-    visible: impl Fn(usize) -> (usize, usize) + Sync,
+    visible: impl Visible,
 ) -> Vec<f32> {
     let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = shape;
     // The vector units read each key and value row up to `qk_dim` and `v_dim` unchecked.
@@ -75,7 +134,7 @@ pub fn attend(
     // Below about 2^16 multiply-adds, waking the pool costs more than the work.
     let work: usize = (0..t)
         .map(|r| {
-            let (first, end) = visible(r);
+            let (first, end) = visible.range(r);
             end - first
         })
         .sum::<usize>()
@@ -92,13 +151,13 @@ pub fn attend(
 /// Consecutive query rows attended together ([`attend`]'s units): rows that see the same first position, as
 /// many as leave at least two units per thread over the key/value heads, and at most [`MAX_RUN`]: eight rows
 /// of a verified block, each attended on its own, would read all the keys and values eight times from L2.
-fn row_runs(t: usize, n_kv_heads: usize, visible: &impl Fn(usize) -> (usize, usize)) -> Vec<std::ops::Range<usize>> {
+fn row_runs(t: usize, n_kv_heads: usize, visible: &impl Visible) -> Vec<std::ops::Range<usize>> {
     let per_head = (2 * rayon::current_num_threads()).div_ceil(n_kv_heads.max(1));
     let longest = (t / per_head).clamp(1, MAX_RUN);
     let mut runs = Vec::new();
     let mut start = 0;
     for row in 1..=t {
-        if row == t || row - start == longest || visible(row).0 != visible(start).0 {
+        if row == t || row - start == longest || visible.range(row).0 != visible.range(start).0 {
             runs.push(start..row);
             start = row;
         }
@@ -149,7 +208,7 @@ impl AttendJob<'_> {
         &self,
         rows: std::ops::Range<usize>,
         kvh: usize,
-        visible: &impl Fn(usize) -> (usize, usize),
+        visible: &impl Visible,
         scores: &mut Vec<f32>,
         outs: [&mut [f32]; MAX_RUN],
     ) {
@@ -157,7 +216,7 @@ impl AttendJob<'_> {
         if self.simd == AttendSimd::Avx512
             && self.shape.qk_dim.is_multiple_of(16)
             && self.shape.v_dim.is_multiple_of(16)
-            && rows.clone().all(|r| visible(r).1 > visible(r).0)
+            && rows.clone().all(|r| visible.range(r).1 > visible.range(r).0)
         {
             let mut outs = outs;
             // SAFETY: AVX-512 F was detected; the head sizes are multiples of 16 (checked above) and fit the
@@ -166,15 +225,16 @@ impl AttendJob<'_> {
             return unsafe { self.unit_avx512(rows, kvh, visible, scores, &mut outs) };
         }
         for (row, o) in rows.zip(outs) {
-            let (first, end) = visible(row);
+            let (first, end) = visible.range(row);
+            let at = |logical: usize| visible.position(row, logical);
             #[cfg(target_arch = "x86_64")]
             if self.simd != AttendSimd::None {
                 // SAFETY: AVX-512 F implies AVX2 and FMA, or they were detected; the head sizes fit the cache's
                 // rows (checked by `attend`).
-                unsafe { self.unit_avx2(row, kvh, first, end, scores, o) };
+                unsafe { self.unit_avx2(row, kvh, first..end, at, scores, o) };
                 continue;
             }
-            self.unit_portable(row, kvh, first, end, scores, o)
+            self.unit_portable(row, kvh, first..end, at, scores, o)
         }
     }
 
@@ -194,18 +254,18 @@ impl AttendJob<'_> {
         &self,
         rows: std::ops::Range<usize>,
         kvh: usize,
-        visible: &impl Fn(usize) -> (usize, usize),
+        visible: &impl Visible,
         scores: &mut Vec<f32>,
         outs: &mut [&mut [f32]],
     ) {
         let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = self.shape;
         let g = h / n_kv_heads;
-        let first = visible(rows.start).0;
+        let first = visible.range(rows.start).0;
         // Per row of the unit: its visible keys (from `first`), and where its `[g, n]` scores start.
         let (mut ns, mut bases) = ([0; MAX_RUN], [0; MAX_RUN]);
         let mut total = 0;
         for (ri, row) in rows.clone().enumerate() {
-            (ns[ri], bases[ri]) = (visible(row).1 - first, total);
+            (ns[ri], bases[ri]) = (visible.range(row).1 - first, total);
             total += g * ns[ri];
         }
         let outs = &mut outs[..rows.len()];
@@ -213,12 +273,19 @@ impl AttendJob<'_> {
         scores.clear();
         scores.resize(total, 0.0);
         assert!(outs.iter().all(|o| o.len() == g * dv), "attention output of one unit");
-        // Rows `first..first + n_max` of this head's keys and values, `stride` apart (bounds checked here, once:
-        // the loops below read only inside them).
+        // Rows `first..` of this head's keys and values, `stride` apart (bounds checked here, once: every
+        // position a row sees lies inside them); `at(row, j)` is the row of its `j`-th visible key.
         let stride = self.cache.head_dim();
-        let (keys, values) =
-            (self.cache.key_rows(kvh, first..first + n_max), self.cache.value_rows(kvh, first..first + n_max));
+        let cached = self.cache.len();
+        let (keys, values) = (self.cache.key_rows(kvh, first..cached), self.cache.value_rows(kvh, first..cached));
         let (k0, v0) = (keys.as_ptr(), values.as_ptr());
+        let at = |row: usize| {
+            move |j: usize| {
+                let p = visible.position(row, first + j) - first;
+                debug_assert!(p < cached - first);
+                p
+            }
+        };
         let q_of = |row: usize, head: usize| self.q[(head * self.t + row) * d..][..d].as_ptr();
         // Blocks of keys (then of values) small enough for L1, each read from L2 once for all the query heads
         // and rows, two heads at a time (or the last one alone). Row by row the sums run in the same order as
@@ -233,9 +300,9 @@ impl AttendJob<'_> {
                     let a = (q_of(row, kvh * g + i), sp.add(bases[ri] + i * n));
                     if i + 1 < g {
                         let b = (q_of(row, kvh * g + i + 1), sp.add(bases[ri] + (i + 1) * n));
-                        score_heads::<true>(k0, stride, d, keys.clone(), a, b);
+                        score_heads::<true>(k0, stride, at(row), d, keys.clone(), a, b);
                     } else {
-                        score_heads::<false>(k0, stride, d, keys.clone(), a, a);
+                        score_heads::<false>(k0, stride, at(row), d, keys.clone(), a, a);
                     }
                     i += 2;
                 }
@@ -259,17 +326,17 @@ impl AttendJob<'_> {
                 };
                 // Up to four heads per pass over the block's value rows (three at eight registers each), so
                 // that a group of three is one pass of twelve chains, not a pair and a latency-bound single.
-                for (ri, o) in outs.iter_mut().enumerate() {
+                for (ri, (o, row)) in outs.iter_mut().zip(rows.clone()).enumerate() {
                     let (n, op) = (ns[ri], o.as_mut_ptr());
                     let values = j0..(j0 + BLOCK).min(n);
                     let mut i = 0;
                     while i < g && !values.is_empty() {
                         let heads = (g - i).min(if lanes == 8 { 3 } else { 4 });
-                        let at = |u: usize| (sp.add(bases[ri] + (i + u) * n), op.add((i + u) * dv));
+                        let heads_at = |u: usize| (sp.add(bases[ri] + (i + u) * n), op.add((i + u) * dv));
                         let r = values.clone();
                         macro_rules! pass {
                             ($h:literal, $l:literal) => {
-                                value_heads::<$h, $l>(v0, stride, r, std::array::from_fn(at), c0)
+                                value_heads::<$h, $l>(v0, stride, at(row), r, std::array::from_fn(heads_at), c0)
                             };
                         }
                         match (heads, lanes) {
@@ -306,17 +373,25 @@ impl AttendJob<'_> {
     /// through a raw pointer up to it).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn unit_avx2(&self, row: usize, kvh: usize, first: usize, end: usize, scores: &mut Vec<f32>, o: &mut [f32]) {
+    unsafe fn unit_avx2(
+        &self,
+        row: usize,
+        kvh: usize,
+        logical: std::ops::Range<usize>,
+        at: impl Fn(usize) -> usize,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
         use std::arch::x86_64::*;
         let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = self.shape;
         if d % 8 != 0 || dv % 8 != 0 {
-            return self.unit_portable(row, kvh, first, end, scores, o);
+            return self.unit_portable(row, kvh, logical, at, scores, o);
         }
         let g = h / n_kv_heads;
-        let n = end - first;
+        let (first, n) = (logical.start, logical.len());
         scores.clear();
         scores.resize(g * n, 0.0);
-        let keys = |pos: usize| self.cache.key(kvh, pos).as_ptr();
+        let keys = |pos: usize| self.cache.key(kvh, at(pos)).as_ptr();
         for i in 0..g {
             let head = kvh * g + i;
             let q_head = &self.q[(head * self.t + row) * d..][..d];
@@ -338,7 +413,7 @@ impl AttendJob<'_> {
                 _mm256_storeu_ps(sc.as_mut_ptr().add(j0), sums);
             }
             for (j, s) in sc.iter_mut().enumerate().skip(full) {
-                *s = dot(q_head, &self.cache.key(kvh, first + j)[..d]);
+                *s = dot(q_head, &self.cache.key(kvh, at(first + j))[..d]);
             }
         }
         self.softmax(scores, n);
@@ -348,28 +423,35 @@ impl AttendJob<'_> {
             // 64 dimensions at a time in eight registers; a constant count keeps the sums in registers (with a
             // count known only at run time they lived on the stack, a load and a store per value row).
             while c0 + 64 <= dv {
-                self.weighted_values::<8>(p, kvh, first, c0, oh);
+                self.weighted_values::<8>(p, kvh, |j| at(first + j), c0, oh);
                 c0 += 64;
             }
             while c0 < dv {
-                self.weighted_values::<1>(p, kvh, first, c0, oh);
+                self.weighted_values::<1>(p, kvh, |j| at(first + j), c0, oh);
                 c0 += 8;
             }
         }
     }
 
-    /// `oh[c0 .. c0 + 8L] = Σ_j p[j] · value(first + j)[c0 .. c0 + 8L]`, in key order.
+    /// `oh[c0 .. c0 + 8L] = Σ_j p[j] · value(at(j))[c0 .. c0 + 8L]`, in key order.
     ///
     /// # Safety
     /// The CPU supports AVX2 and FMA (every access is to a bounds-checked slice).
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn weighted_values<const L: usize>(&self, p: &[f32], kvh: usize, first: usize, c0: usize, oh: &mut [f32]) {
+    unsafe fn weighted_values<const L: usize>(
+        &self,
+        p: &[f32],
+        kvh: usize,
+        at: impl Fn(usize) -> usize,
+        c0: usize,
+        oh: &mut [f32],
+    ) {
         use std::arch::x86_64::*;
         let mut acc = [_mm256_setzero_ps(); L];
         for (j, &w) in p.iter().enumerate() {
-            let (w, v) = (_mm256_set1_ps(w), self.cache.value(kvh, first + j)[c0..c0 + 8 * L].as_ptr());
+            let (w, v) = (_mm256_set1_ps(w), self.cache.value(kvh, at(j))[c0..c0 + 8 * L].as_ptr());
             for (u, a) in acc.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * u)), *a);
             }
@@ -397,22 +479,30 @@ impl AttendJob<'_> {
     }
 
     /// Any head size, any x86-64 or other target.
-    fn unit_portable(&self, row: usize, kvh: usize, first: usize, end: usize, scores: &mut Vec<f32>, o: &mut [f32]) {
+    fn unit_portable(
+        &self,
+        row: usize,
+        kvh: usize,
+        logical: std::ops::Range<usize>,
+        at: impl Fn(usize) -> usize,
+        scores: &mut Vec<f32>,
+        o: &mut [f32],
+    ) {
         let AttendShape { n_heads: h, n_kv_heads, qk_dim: d, v_dim: dv } = self.shape;
         let g = h / n_kv_heads;
-        let n = end - first;
+        let n = logical.len();
         scores.clear();
         scores.resize(g * n, 0.0);
-        for (j, pos) in (first..end).enumerate() {
-            let key = &self.cache.key(kvh, pos)[..d];
+        for (j, pos) in logical.clone().enumerate() {
+            let key = &self.cache.key(kvh, at(pos))[..d];
             for i in 0..g {
                 let head = kvh * g + i;
                 scores[i * n + j] = dot(&self.q[(head * self.t + row) * d..][..d], key);
             }
         }
         self.softmax(scores, n);
-        for (j, pos) in (first..end).enumerate() {
-            let value = &self.cache.value(kvh, pos)[..dv];
+        for (j, pos) in logical.enumerate() {
+            let value = &self.cache.value(kvh, at(pos))[..dv];
             for (i, oh) in o.chunks_exact_mut(dv).enumerate() {
                 let w = scores[i * n + j];
                 for (a, b) in oh.iter_mut().zip(value) {
@@ -423,18 +513,19 @@ impl AttendJob<'_> {
     }
 }
 
-/// Scores of one or two query heads (`a`, and `b` when `PAIR`: query and score pointers) against `keys` (rows
-/// `stride` apart from `k0`), each key row loaded once for both: eight keys at a time into 16 registers
+/// Scores of one or two query heads (`a`, and `b` when `PAIR`: query and score pointers) against `keys` (key
+/// `j` is row `at(j)` of those `stride` apart from `k0`), each key row loaded once for both: eight keys at a time into 16 registers
 /// reduced by [`crate::kernels::simd::fold16`], then the remaining keys one by one.
 ///
 /// # Safety
-/// AVX-512 F; `k0` holds the keys' rows of `d` (a multiple of 16) values, the queries `d` values, the scores
-/// `keys.end`.
+/// AVX-512 F; `k0` holds rows `at(j)` for every `j` of `keys`, of `d` (a multiple of 16) values each, the
+/// queries `d` values, the scores `keys.end`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn score_heads<const PAIR: bool>(
     k0: *const f32,
     stride: usize,
+    at: impl Fn(usize) -> usize,
     d: usize,
     keys: std::ops::Range<usize>,
     (qa, sa): (*const f32, *mut f32),
@@ -445,10 +536,11 @@ unsafe fn score_heads<const PAIR: bool>(
     let full = keys.start + (keys.end - keys.start) / 8 * 8;
     for j0 in (keys.start..full).step_by(8) {
         let mut acc = [_mm512_setzero_ps(); 16];
+        let rows: [*const f32; 8] = std::array::from_fn(|u| k0.add(at(j0 + u) * stride));
         for c in (0..d).step_by(16) {
             let (xa, xb) = (_mm512_loadu_ps(qa.add(c)), _mm512_loadu_ps(qb.add(c)));
             for u in 0..8 {
-                let key = _mm512_loadu_ps(k0.add((j0 + u) * stride + c));
+                let key = _mm512_loadu_ps(rows[u].add(c));
                 acc[FOLD16_SLOT[u]] = _mm512_fmadd_ps(xa, key, acc[FOLD16_SLOT[u]]);
                 if PAIR {
                     acc[FOLD16_SLOT[8 + u]] = _mm512_fmadd_ps(xb, key, acc[FOLD16_SLOT[8 + u]]);
@@ -463,7 +555,7 @@ unsafe fn score_heads<const PAIR: bool>(
         }
     }
     for j in full..keys.end {
-        let key = k0.add(j * stride);
+        let key = k0.add(at(j) * stride);
         let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for c in (0..d).step_by(16) {
             let x = _mm512_loadu_ps(key.add(c));
@@ -483,13 +575,15 @@ unsafe fn score_heads<const PAIR: bool>(
 /// one's probabilities and output), in key order, each value row loaded once for all of them.
 ///
 /// # Safety
-/// AVX-512 F; `v0` holds the value rows, `stride` apart, with `c0 + 16L` values each; each head's
+/// AVX-512 F; `v0` holds value rows `at(j)` for every `j` of `values`, `stride` apart, with `c0 + 16L` values
+/// each; each head's
 /// probabilities hold `values.end` values and its output `c0 + 16L`; the outputs do not overlap.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn value_heads<const H: usize, const L: usize>(
     v0: *const f32,
     stride: usize,
+    at: impl Fn(usize) -> usize,
     values: std::ops::Range<usize>,
     heads: [(*const f32, *mut f32); H],
     c0: usize,
@@ -499,7 +593,7 @@ unsafe fn value_heads<const H: usize, const L: usize>(
         std::array::from_fn(|h| std::array::from_fn(|u| _mm512_loadu_ps(heads[h].1.add(c0 + 16 * u))));
     for j in values {
         let w: [__m512; H] = std::array::from_fn(|h| _mm512_set1_ps(*heads[h].0.add(j)));
-        let v = v0.add(j * stride + c0);
+        let v = v0.add(at(j) * stride + c0);
         for u in 0..L {
             let x = _mm512_loadu_ps(v.add(16 * u));
             for (a, w) in acc.iter_mut().zip(&w) {
@@ -613,10 +707,10 @@ mod tests {
             // Without a window, and with one that every row sees the start of differently (rows then attend
             // on their own).
             for window in [None, Some(ctx.div_ceil(2))] {
-                let block = attend(&cache, &q, shape, t, 0.125, softcap, causal(ctx, window));
+                let block = attend(&cache, &q, shape, t, 0.125, softcap, Causal { start: ctx, window });
                 for row in 0..t {
                     let q1: Vec<f32> = (0..h).flat_map(|head| q[(head * t + row) * d..][..d].to_vec()).collect();
-                    let alone = attend(&cache, &q1, shape, 1, 0.125, softcap, causal(ctx + row, window));
+                    let alone = attend(&cache, &q1, shape, 1, 0.125, softcap, Causal { start: ctx + row, window });
                     assert_eq!(
                         alone,
                         block[row * h * d..(row + 1) * h * d],
@@ -627,10 +721,10 @@ mod tests {
             let job = AttendJob { cache: &cache, q: &q, shape, t, scale: 0.125, softcap, simd: AttendSimd::detect() };
             for row in 0..t {
                 let (mut a, mut b) = (vec![0f32; (h / kv) * d], vec![0f32; (h / kv) * d]);
-                job.unit_portable(row, kv - 1, 0, ctx + row + 1, &mut Vec::new(), &mut a);
+                job.unit_portable(row, kv - 1, 0..ctx + row + 1, |p| p, &mut Vec::new(), &mut a);
                 let mut outs: [&mut [f32]; MAX_RUN] = Default::default();
                 outs[0] = &mut b;
-                job.unit(row..row + 1, kv - 1, &|r| (0, ctx + r + 1), &mut Vec::new(), outs);
+                job.unit(row..row + 1, kv - 1, &Ranges(|r| (0, ctx + r + 1)), &mut Vec::new(), outs);
                 for (x, y) in a.iter().zip(&b) {
                     assert!((x - y).abs() <= 1e-5 * (1.0 + x.abs()), "h{h} kv{kv} d{d} row {row}: {x} vs {y}");
                 }

@@ -9,7 +9,9 @@ use crate::batching::{BatchModel, Batched, Job};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use crate::nn::{flat, Embedding, KvCache, Linear, RmsNorm, Ropes, Step};
+use std::sync::Arc;
+
+use crate::nn::{flat, Embedding, KvCache, Linear, RmsNorm, Ropes, Step, TreeMask};
 
 /// One decoder layer of an architecture: weights only, shared by every sequence of the loaded model.
 pub trait Block: Send + Sync + 'static {
@@ -132,14 +134,16 @@ impl<B: Block> Decoder<B> {
         })
     }
 
-    /// The step of a block of `len` rows at cache position `start`.
-    fn step(&self, start: usize, len: usize) -> Result<Step> {
-        Ok(Step {
-            start,
-            len,
-            rope_full: self.ropes.full.cos_sin(start, len, &self.device)?,
-            rope_sliding: self.ropes.sliding.cos_sin(start, len, &self.device)?,
-        })
+    /// The step of a block of `len` rows at cache position `start`, causal or shaped as `tree`.
+    fn step(&self, start: usize, len: usize, tree: Option<&Arc<TreeMask>>) -> Result<Step> {
+        let (rope_full, rope_sliding) = match tree {
+            None => (self.ropes.full.cos_sin(start, len, &self.device)?, self.ropes.sliding.cos_sin(start, len, &self.device)?),
+            Some(t) => {
+                let at = || (0..len).map(|row| start - t.cached() + t.depth(row));
+                (self.ropes.full.cos_sin_at(at(), &self.device)?, self.ropes.sliding.cos_sin_at(at(), &self.device)?)
+            }
+        };
+        Ok(Step { start, len, rope_full, rope_sliding, tree: tree.cloned() })
     }
 
     /// Runs `layers` on `x` (`[1, t, hidden]`, one sequence) at cache positions `start..start+t`.
@@ -149,8 +153,9 @@ impl<B: Block> Decoder<B> {
         mut x: Tensor,
         layers: std::ops::Range<usize>,
         start: usize,
+        tree: Option<&Arc<TreeMask>>,
     ) -> Result<Tensor> {
-        let steps = [self.step(start, x.dim(1)?)?];
+        let steps = [self.step(start, x.dim(1)?, tree)?];
         for i in layers {
             x = self.layers[i].forward(&x, &steps, &self.ropes, &mut [&mut caches[i]])?;
         }
@@ -161,7 +166,8 @@ impl<B: Block> Decoder<B> {
     fn forward_rows(&self, jobs: &mut [Job<DecoderSequence>]) -> Result<Vec<ForwardOutput>> {
         let ids: Vec<u32> = jobs.iter().flat_map(|j| j.tokens.iter().copied()).collect();
         let mut x = self.embed_tokens(&ids)?; // [1, rows, hidden]
-        let steps = jobs.iter().map(|j| self.step(j.seq.len, j.tokens.len())).collect::<Result<Vec<_>>>()?;
+        let steps =
+            jobs.iter().map(|j| self.step(j.seq.len, j.tokens.len(), j.opts.tree.as_ref())).collect::<Result<Vec<_>>>()?;
         for (i, layer) in self.layers.iter().enumerate() {
             let mut caches: Vec<&mut KvCache> = jobs.iter_mut().map(|j| &mut j.seq.caches[i]).collect();
             x = layer.forward(&x, &steps, &self.ropes, &mut caches)?;
@@ -220,28 +226,32 @@ impl<B: Block> Decoder<B> {
             Some(exit) => {
                 // Drafting: the first `exit` layers only, after the positions they already hold.
                 let start = seq.len + seq.early.tokens.len();
-                let x = self.run_layers(&mut seq.caches, self.embed_tokens(tokens)?, 0..exit, start)?;
+                let x = self.run_layers(&mut seq.caches, self.embed_tokens(tokens)?, 0..exit, start, None)?;
                 seq.early.tokens.extend_from_slice(tokens);
                 seq.early.hidden.extend(flat(&x)?);
                 x
             }
             None => {
                 let start = seq.len;
-                // Reuse what drafting computed for the leading tokens, and forget the rest of it.
-                let reused = seq.early.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+                // Reuse what drafting computed for the leading tokens, and forget the rest of it (all of it
+                // under a tree block, whose rows are not a sequence).
+                let reused = match opts.tree {
+                    Some(_) => 0,
+                    None => seq.early.tokens.iter().zip(tokens).take_while(|(a, b)| a == b).count(),
+                };
                 self.truncate(seq, start + reused);
                 let x = if reused == 0 {
-                    self.run_layers(&mut seq.caches, self.embed_tokens(tokens)?, 0..n, start)?
+                    self.run_layers(&mut seq.caches, self.embed_tokens(tokens)?, 0..n, start, opts.tree.as_ref())?
                 } else {
                     let exit = seq.early.layers;
                     let hidden = seq.early.hidden.split_off(0);
                     let mut x = Tensor::from_vec(hidden, (1, reused, self.cfg.hidden_size), &self.device)?;
                     if reused < t {
                         let rest = self.embed_tokens(&tokens[reused..])?;
-                        let rest = self.run_layers(&mut seq.caches, rest, 0..exit, start + reused)?;
+                        let rest = self.run_layers(&mut seq.caches, rest, 0..exit, start + reused, None)?;
                         x = Tensor::cat(&[&x, &rest], 1)?;
                     }
-                    self.run_layers(&mut seq.caches, x, exit..n, start)?
+                    self.run_layers(&mut seq.caches, x, exit..n, start, None)?
                 };
                 seq.early.tokens.clear();
                 seq.len = start + t;
@@ -290,6 +300,16 @@ impl<B: Block> BatchModel for Decoder<B> {
             return Err(Error::InvalidOption(format!("token id {bad} is outside the model's vocabulary of {vocab}")));
         }
         let n = self.layers.len();
+        if let Some(tree) = &opts.tree {
+            if tree.len() != tokens.len() || tree.cached() > seq.len || opts.exit_layer.is_some() {
+                return Err(Error::InvalidOption(format!(
+                    "a tree of {} rows over a forward of {} tokens{}",
+                    tree.len(),
+                    tokens.len(),
+                    if opts.exit_layer.is_some() { " that exits early" } else { "" }
+                )));
+            }
+        }
         if let Some(exit) = opts.exit_layer {
             if exit == 0 || exit >= n {
                 return Err(Error::InvalidOption(format!(
@@ -307,6 +327,25 @@ impl<B: Block> BatchModel for Decoder<B> {
         if end > self.cfg.max_position_embeddings {
             return Err(Error::PromptTooLong { prompt_tokens: end, context: self.cfg.max_position_embeddings });
         }
+        Ok(())
+    }
+
+    fn supports_tree(&self) -> bool {
+        true
+    }
+
+    fn keep_path(&self, seq: &mut DecoderSequence, start: usize, keep: &[usize]) -> Result<()> {
+        let increasing = keep.windows(2).all(|w| w[0] < w[1]);
+        if !increasing || keep.last().is_some_and(|&k| start + k >= seq.len) || !seq.early.tokens.is_empty() {
+            return Err(Error::InvalidOption(format!(
+                "cannot keep block rows {keep:?} from position {start} of a sequence of {}",
+                seq.len
+            )));
+        }
+        for c in seq.caches.iter_mut() {
+            c.keep_path(start, keep);
+        }
+        seq.len = seq.len.min(start + keep.len());
         Ok(())
     }
 

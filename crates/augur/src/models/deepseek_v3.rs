@@ -11,7 +11,7 @@ use super::Built;
 use crate::config::{MlaConfig, ModelConfig, RopeLayout};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use crate::kernels::attention::{attend, causal, AttendShape};
+use crate::kernels::attention::AttendShape;
 use crate::nn::{flat, KvCache, Linear, RmsNorm, Ropes, Step};
 
 /// The query projection: full rank, or through a normalised low-rank bottleneck.
@@ -113,7 +113,7 @@ impl SequenceAttention for MlaAttention {
         cache.append(&flat(&pad(key, qk)?)?, &flat(&pad(value, dv)?)?);
         let q = flat(&query.transpose(1, 2)?.contiguous()?)?; // [h, t, qk]
         let shape = AttendShape { n_heads: h, n_kv_heads: h, qk_dim: qk, v_dim: dv };
-        let out = attend(cache, &q, shape, t, m.softmax_scale as f32, None, causal(step.start, None));
+        let out = step.attend(cache, &q, shape, m.softmax_scale as f32, None, None);
         let out = Tensor::from_vec(out, (1, t, h * dv), x.device())?;
         self.o_proj.forward(&out)
     }

@@ -15,7 +15,7 @@ use crate::batching::{BatchModel, Job};
 use crate::config::{at_most, Gemma4Config, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use crate::kernels::attention::{attend, AttendShape};
+use crate::kernels::attention::{attend, AttendShape, Causal};
 use crate::nn::{flat, Embedding, KvCache, Linear, Mlp, RmsNorm, Rope};
 
 impl Gemma4Config {
@@ -308,10 +308,7 @@ impl Layer {
         }
         let q = flat(&q)?;
         let (start, window) = (rows.start, self.window);
-        let out = attend(cache, &q, AttendShape::over(cache, self.n_heads), t, 1.0, None, |row| {
-            let pos = start + row;
-            (window.map_or(0, |w| (pos + 1).saturating_sub(w)), pos + 1)
-        });
+        let out = attend(cache, &q, AttendShape::over(cache, self.n_heads), t, 1.0, None, Causal { start, window });
         let out = Tensor::from_vec(out, (1, t, self.n_heads * self.head_dim), x.device())?;
         let a = self.o_proj.forward(&out)?;
         self.finish(x, &a, per_layer_input)

@@ -12,7 +12,7 @@ use super::Built;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use crate::kernels::attention::{attend, causal, AttendShape};
+use crate::kernels::attention::AttendShape;
 use crate::nn::{flat, KvCache, Linear, RmsNorm, Ropes, Step};
 
 pub struct Glm4MoeAttention {
@@ -86,7 +86,7 @@ impl SequenceAttention for Glm4MoeAttention {
         }
         cache.append(&flat(&k)?, &flat(&v)?);
         let shape = AttendShape { n_heads: h, n_kv_heads: kv, qk_dim: d, v_dim: d };
-        let out = attend(cache, &flat(&q)?, shape, t, self.scale as f32, None, causal(step.start, None));
+        let out = step.attend(cache, &flat(&q)?, shape, self.scale as f32, None, None);
         let out = Tensor::from_vec(out, (1, t, h * d), x.device())?;
         self.o_proj.forward(&out)
     }

@@ -24,7 +24,7 @@ pub use registry::{build, SUPPORTED_ARCHITECTURES};
 pub use crate::config::{Architecture, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 pub use crate::io::weights::Weights;
-use crate::nn::KvCache;
+use crate::nn::{KvCache, TreeMask};
 
 /// Which positions of a forward block get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,11 +48,14 @@ pub struct ForwardOptions {
     /// Logits for token ids `0..n` only (`[rows, n]`), each as the full head computes it: the LM head reads
     /// only those rows of its weight (a drafter's shortened head, see the assistant drafter).
     pub head_rows: Option<usize>,
+    /// The block's rows as a tree (one entry per token): tree verification. Each row attends to the cache and
+    /// its ancestors and sits at its depth; [`CausalLm::keep_path`] then keeps one path. `None`: causal.
+    pub tree: Option<std::sync::Arc<TreeMask>>,
 }
 
 impl ForwardOptions {
     pub fn logits(rows: LogitRows) -> Self {
-        Self { logits: rows, hidden_states: false, exit_layer: None, head_rows: None }
+        Self { logits: rows, hidden_states: false, exit_layer: None, head_rows: None, tree: None }
     }
 }
 
@@ -71,6 +74,19 @@ pub trait CausalLm: Send {
     /// Forgets every cached position from `len` on.
     fn truncate(&mut self, len: usize);
     fn cache_len(&self) -> usize;
+    /// Whether [`ForwardOptions::tree`] forwards and [`CausalLm::keep_path`] work on this model.
+    fn supports_tree(&self) -> bool {
+        false
+    }
+    /// After a tree forward: keeps the positions `start + keep[i]` (`keep` increasing: the accepted path's
+    /// rows), moved to `start + i`, and forgets every other position from `start` on.
+    fn keep_path(&mut self, start: usize, keep: &[usize]) -> Result<()> {
+        if keep.iter().enumerate().all(|(i, &k)| i == k) {
+            self.truncate(start + keep.len());
+            return Ok(());
+        }
+        Err(Error::InvalidOption(format!("{} models do not verify trees", self.config().architecture.name())))
+    }
     /// Another sequence over the same weights (shared, not copied), with an empty cache: how several requests
     /// run against one loaded model.
     fn fork(&self) -> Result<Box<dyn CausalLm>> {

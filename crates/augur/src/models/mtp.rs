@@ -106,6 +106,7 @@ impl<B: Block> MtpHead for Mtp<B> {
             len: s,
             rope_full: self.ropes.full.cos_sin(first_position, s, &self.device)?,
             rope_sliding: self.ropes.sliding.cos_sin(first_position, s, &self.device)?,
+            tree: None,
         };
         let x = layer.block.forward(&x, &[step], &self.ropes, &mut [&mut layer.cache])?;
         layer.post_norm.forward(&x.squeeze(0)?)

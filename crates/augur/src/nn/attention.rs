@@ -8,7 +8,8 @@ use super::{flat, Linear};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use crate::kernels::attention::{attend, causal, AttendShape};
+use super::TreeMask;
+use crate::kernels::attention::{attend, AttendShape, Causal, TreeRows};
 use crate::nn::kv_cache::KvCache;
 
 /// One sequence's part of a forward, shared by every layer: where its block starts, how many rows it has and
@@ -21,6 +22,29 @@ pub struct Step {
     /// `(cos, sin)` for full-attention layers and for sliding-window layers (which may use another base).
     pub rope_full: (Tensor, Tensor),
     pub rope_sliding: (Tensor, Tensor),
+    /// A tree-verification block's shape (`None`: causal); the ropes are then at each row's depth.
+    pub tree: Option<std::sync::Arc<TreeMask>>,
+}
+
+impl Step {
+    /// Attention of the block's `t` query rows over `cache` (which already holds the block's keys and values):
+    /// causal, or along each row's tree path. `q`: `[n_heads, t, qk_dim]`, roped → `[t, n_heads·v_dim]`.
+    pub fn attend(
+        &self,
+        cache: &KvCache,
+        q: &[f32],
+        shape: AttendShape,
+        scale: f32,
+        softcap: Option<f32>,
+        window: Option<usize>,
+    ) -> Vec<f32> {
+        match &self.tree {
+            None => attend(cache, q, shape, self.len, scale, softcap, Causal { start: self.start, window }),
+            Some(tree) => {
+                attend(cache, q, shape, self.len, scale, softcap, TreeRows { start: self.start, window, tree })
+            }
+        }
+    }
 }
 
 /// Multi-head attention with grouped-query heads, optional q/k norms, biases, soft-capping and a sliding
@@ -131,7 +155,7 @@ impl Attention {
         let shape = AttendShape { n_heads: h, n_kv_heads: self.n_kv_heads, qk_dim: d, v_dim: d };
         let softcap = self.softcap.map(|c| c as f32);
         let q = heads_first(&q, t, h, d);
-        let out = attend(cache, &q, shape, t, self.scale as f32, softcap, causal(step.start, self.window));
+        let out = step.attend(cache, &q, shape, self.scale as f32, softcap, self.window);
         Ok(Tensor::from_vec(out, (1, t, h * d), &device)?)
     }
 }

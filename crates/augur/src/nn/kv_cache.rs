@@ -40,6 +40,23 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Keeps, of the positions from `start` on, those at `start + keep[i]` (`keep` increasing), moved to
+    /// `start + i`, and forgets the rest: a verified tree's accepted path becomes the cache's next positions.
+    pub fn keep_path(&mut self, start: usize, keep: &[usize]) {
+        let d = self.head_dim;
+        for (i, &k) in keep.iter().enumerate() {
+            debug_assert!(k >= i && start + k < self.len, "path rows in order, inside the cache");
+            if k != i {
+                for head in 0..self.n_kv_heads {
+                    let (src, dst) = ((head * self.capacity + start + k) * d, (head * self.capacity + start + i) * d);
+                    self.k.copy_within(src..src + d, dst);
+                    self.v.copy_within(src..src + d, dst);
+                }
+            }
+        }
+        self.len = self.len.min(start + keep.len());
+    }
+
     fn reserve(&mut self, needed: usize) {
         if needed <= self.capacity {
             return;
@@ -129,5 +146,17 @@ mod tests {
         assert_eq!(c.len(), 303);
         assert_eq!(c.key(1, 0), &[1.0, 1.0], "growing keeps old positions");
         assert_eq!(c.key(1, 302), &[8.0, 8.0]);
+    }
+
+    #[test]
+    fn keep_path_moves_the_kept_rows_down() {
+        let mut c = KvCache::new(2, 1);
+        let rows: Vec<f32> = (0..6).flat_map(|p| [p as f32, 10.0 + p as f32]).collect();
+        c.append(&rows, &rows);
+        c.keep_path(2, &[0, 2, 3]);
+        assert_eq!(c.len(), 5);
+        let kept: Vec<f32> = (0..5).map(|p| c.key(1, p)[0]).collect();
+        assert_eq!(kept, [10.0, 11.0, 12.0, 14.0, 15.0]);
+        assert_eq!(c.value(0, 3), &[4.0]);
     }
 }

@@ -9,6 +9,7 @@ pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod rope;
+pub mod tree;
 
 use candle_core::Tensor;
 
@@ -19,6 +20,7 @@ pub use linear::{Linear, LinearPath};
 pub use mlp::Mlp;
 pub use norm::RmsNorm;
 pub use rope::{Rope, Ropes};
+pub use tree::TreeMask;
 
 use crate::error::Result;
 

@@ -87,10 +87,19 @@ impl Rope {
 
     /// `cos` and `sin` for positions `start..start + t`, each `[t, head_dim / 2]`.
     pub fn cos_sin(&self, start: usize, t: usize, device: &Device) -> Result<(Tensor, Tensor)> {
-        let half = self.inv_freq.len();
+        self.cos_sin_at(start..start + t, device)
+    }
+
+    /// `cos` and `sin` for each of `positions` (a tree block's rows sit at their depths), each `[t, head_dim / 2]`.
+    pub fn cos_sin_at(
+        &self,
+        positions: impl ExactSizeIterator<Item = usize>,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let (half, t) = (self.inv_freq.len(), positions.len());
         let mut cos = Vec::with_capacity(t * half);
         let mut sin = Vec::with_capacity(t * half);
-        for p in start..start + t {
+        for p in positions {
             for f in &self.inv_freq {
                 // Angles in f32 as Transformers computes them (positions × inverse frequencies in f32).
                 let a = p as f32 * f;

@@ -9,7 +9,7 @@
 //! (`cost_aware_drafting = false`) use the whole head.
 
 use super::autoregressive::Autoregressive;
-use super::{one_step_seconds, Draft, Drafter};
+use super::{one_step_seconds, Draft, Drafter, TreeShape};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::ASSISTANT;
@@ -22,6 +22,8 @@ pub struct AssistantModel<'m> {
     target_vocab: usize,
     /// Token ids the short head covers (see the module doc), or `None` for the whole head.
     head_rows: Option<usize>,
+    /// Tree drafts of this shape (see [`Autoregressive::draft_tree`]); `None`: one chain.
+    tree: Option<TreeShape>,
 }
 
 /// Vocabularies above this size get a short head under cost-aware drafting (Qwen2.5's 151,936, Gemma's
@@ -42,7 +44,8 @@ impl<'m> AssistantModel<'m> {
     ) -> Result<Self> {
         model.truncate(0);
         let head_rows = (cfg.cost_aware() && model.config().vocab_size > SHORT_HEAD_ABOVE).then_some(SHORT_HEAD_ROWS);
-        Ok(Self { model, drafting: Autoregressive::new(cfg, prompt_len, true, ASSISTANT)?, target_vocab, head_rows })
+        let drafting = Autoregressive::new(cfg, prompt_len, true, ASSISTANT)?;
+        Ok(Self { model, drafting, target_vocab, head_rows, tree: cfg.tree_shape() })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {
@@ -57,7 +60,10 @@ impl Drafter for AssistantModel<'_> {
     fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
         let feed = context[self.model.cache_len()..].to_vec();
         let opts = ForwardOptions { head_rows: self.head_rows, ..ForwardOptions::logits(LogitRows::Last(1)) };
-        self.drafting.draft(self.model, &opts, context, feed, max, self.target_vocab)
+        match self.tree.filter(|_| self.model.supports_tree()) {
+            Some(shape) => self.drafting.draft_tree(self.model, &opts, context, feed, max, self.target_vocab, shape),
+            None => self.drafting.draft(self.model, &opts, context, feed, max, self.target_vocab),
+        }
     }
 
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()> {

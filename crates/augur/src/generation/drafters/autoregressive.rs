@@ -2,14 +2,17 @@
 //! model, early exit): the target's processors, a sampler of its own, the draft length with its schedules and
 //! confidence threshold, and the stop at EOS.
 
-use super::Draft;
+use std::sync::Arc;
+
+use super::{Draft, TreeShape};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::logits_rows;
 use crate::generation::draft_length::DraftLength;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
-use crate::models::{CausalLm, ForwardOptions};
+use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::nn::TreeMask;
 
 pub(super) struct Autoregressive {
     /// The target's processors, applied once (Transformers applies the warpers twice inside the assistant).
@@ -94,6 +97,113 @@ impl Autoregressive {
             }
         }
         self.length.record_probs(&confidences);
-        Ok(Draft { tokens, q: self.keep_q.then_some(qs) })
+        Ok(Draft { tokens, q: self.keep_q.then_some(qs), parents: None })
     }
+
+    /// A tree of drafts continuing `context`, at most [`Self::cap`]`(max)` deep (EAGLE-2's expansion, arXiv
+    /// 2406.16858): depth by depth, each node of the frontier gets one child, or `shape.branches` children where
+    /// the model's top probability there is below the confidence threshold (greedy: its top tokens; sampling:
+    /// independent draws from its distribution, as multi-draft verification needs); of the new nodes, the
+    /// `shape.branches` most probable paths (products of the drafted probabilities) form the next frontier.
+    /// Each depth is one forward of `model` over the depth's new nodes with a tree mask (each attends to
+    /// `context` and its ancestors, cached by the forwards before); the model's cache ends holding `context`
+    /// alone. `shape.nodes` nodes at most.
+    pub fn draft_tree(
+        &mut self,
+        model: &mut dyn CausalLm,
+        opts: &ForwardOptions,
+        context: &[u32],
+        feed: Vec<u32>,
+        max: usize,
+        vocab: usize,
+        shape: TreeShape,
+    ) -> Result<Draft> {
+        let depth = self.cap(max);
+        let mut tree = Draft { parents: Some(Vec::new()), q: self.keep_q.then(Vec::new), ..Draft::default() };
+        if depth == 0 {
+            return Ok(tree);
+        }
+        let do_sample = self.processor.do_sample();
+        let threshold = self.length.confidence_threshold;
+        let out = model.forward(&feed, opts)?;
+        let logits = logits_rows(&out, self.name, context.len() - 1)?.pop().unwrap_or_default();
+        // The frontier: (node, its path's probability, the distribution of its children).
+        let mut frontier = vec![(0usize, 1.0f32, self.distribution(context, logits, vocab))];
+        let mut parents: Vec<usize> = Vec::new();
+        let mut scores: Vec<f32> = Vec::new();
+        for level in 1..=depth {
+            let first_new = tree.tokens.len();
+            for (node, score, q) in &frontier {
+                let top = argmax(q);
+                let k = if threshold > 0.0 && q[top as usize] < threshold { shape.branches } else { 1 };
+                let picks: Vec<u32> = if do_sample {
+                    (0..k).map(|_| self.sampler.sample(q)).collect()
+                } else {
+                    top_tokens(q, k)
+                };
+                for t in picks {
+                    if tree.tokens.len() == shape.nodes {
+                        break;
+                    }
+                    tree.tokens.push(t);
+                    parents.push(*node);
+                    scores.push(score * q[t as usize]);
+                    if let Some(qs) = tree.q.as_mut() {
+                        qs.push(q.clone());
+                    }
+                }
+            }
+            let new = first_new..tree.tokens.len();
+            // EOS ends a path: it is a leaf.
+            let mut next: Vec<usize> = new.clone().filter(|&i| !self.eos.contains(&tree.tokens[i])).collect();
+            next.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            next.truncate(shape.branches);
+            if level == depth || next.is_empty() || tree.tokens.len() == shape.nodes {
+                break;
+            }
+            next.sort_unstable();
+            // The new nodes after the tree's earlier ones, which the cache holds after `context`.
+            let rows: Vec<Option<usize>> = parents.iter().map(|&p| p.checked_sub(1)).collect();
+            let tree_opts = ForwardOptions {
+                tree: Some(Arc::new(TreeMask::new(&rows)?.with_cached(new.start)?)),
+                ..ForwardOptions { logits: LogitRows::Last(new.len()), ..opts.clone() }
+            };
+            let out = model.forward(&tree.tokens[new.clone()], &tree_opts)?;
+            let rows = logits_rows(&out, self.name, context.len())?;
+            frontier = next
+                .into_iter()
+                .map(|i| {
+                    let mut ctx = context.to_vec();
+                    ctx.extend(super::super::verify::path_to(&parents, i + 1).iter().map(|&j| tree.tokens[j]));
+                    (i + 1, scores[i], self.distribution(&ctx, rows[i - new.start].clone(), vocab))
+                })
+                .collect();
+        }
+        model.truncate(context.len());
+        tree.parents = Some(parents);
+        Ok(tree)
+    }
+
+    /// The processed distribution after `ctx`, laid out over `vocab` rows.
+    fn distribution(&self, ctx: &[u32], mut logits: Vec<f32>, vocab: usize) -> Vec<f32> {
+        logits.resize(vocab, f32::NEG_INFINITY);
+        if !self.processor.is_noop(ctx.len()) {
+            self.processor.process(ctx, &mut logits);
+        }
+        softmax(&logits)
+    }
+}
+
+/// The `k` most probable tokens of `q`, most probable first (ties: the lower id).
+fn top_tokens(q: &[f32], k: usize) -> Vec<u32> {
+    let mut top: Vec<u32> = Vec::with_capacity(k + 1);
+    for (t, &p) in q.iter().enumerate() {
+        if top.len() == k && q[top[k - 1] as usize] >= p {
+            continue;
+        }
+        let at = top.partition_point(|&u| q[u as usize] >= p);
+        top.insert(at, t as u32);
+        top.truncate(k);
+    }
+    top
 }

@@ -48,14 +48,26 @@ pub fn build<'a>(
 ) -> Result<Option<Box<dyn Drafter + 'a>>> {
     let vocab = target.vocab_size;
     let missing = |what: &str| Error::InvalidOption(format!("method `{method:?}` needs {what}"));
+    let trees = matches!(method, SpeculationMethod::None | SpeculationMethod::PromptLookup { .. } | SpeculationMethod::Assistant);
+    if cfg.tree_shape().is_some() && !trees {
+        return Err(Error::InvalidOption(format!(
+            "`speculative_eagle_topk` above 1 drafts trees with prompt lookup or an assistant model that shares the \
+             target's tokenizer, not with method `{method:?}`"
+        )));
+    }
     let drafter: Box<dyn Drafter + 'a> = match method {
         SpeculationMethod::None => return Ok(None),
         SpeculationMethod::EarlyExit { layers } => {
             Box::new(EarlyExit::new(layers, target.num_hidden_layers, cfg, prompt_len)?)
         }
         SpeculationMethod::PromptLookup { num_tokens, max_matching_ngram_size } => {
+            let tree = cfg.tree_shape();
+            let num_tokens = match tree {
+                Some(_) => cfg.speculative_num_steps.unwrap_or(num_tokens),
+                None => num_tokens,
+            };
             let lookup = PromptLookup::new(num_tokens, max_matching_ngram_size, cfg.eos_token_id.clone())?;
-            Box::new(lookup.cost_aware(cfg.cost_aware()))
+            Box::new(lookup.cost_aware(cfg.cost_aware()).tree(tree))
         }
         SpeculationMethod::Mtp => {
             let head = parts.mtp.ok_or_else(|| missing("the target's MTP layers"))?;

@@ -157,7 +157,7 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
             ctx.push(token);
             h = next_h;
         }
-        Ok(Draft { tokens, q: (do_sample || self.greedy_q).then_some(qs) })
+        Ok(Draft { tokens, q: (do_sample || self.greedy_q).then_some(qs), parents: None })
     }
 
     fn observe(&mut self, _context: &[u32], _proposed: usize, _accepted: usize) -> Result<()> {

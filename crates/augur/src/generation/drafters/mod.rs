@@ -33,6 +33,80 @@ pub struct Draft {
     /// distribution it is the argmax of, kept for ensemble verification). `None` means a deterministic proposal,
     /// i.e. a one-hot `q`.
     pub q: Option<Vec<Vec<f32>>>,
+    /// A tree draft: `parents[i]` is the node `tokens[i]` continues (0: the context's last token, `j + 1`:
+    /// `tokens[j]`, `j < i`), siblings in the order the verifier tries them; siblings drawn from a distribution
+    /// were drawn independently from the same `q`. `None`: a chain, each token continuing the one before.
+    pub parents: Option<Vec<usize>>,
+}
+
+/// How large a tree draft may grow (`speculative_eagle_topk`, `speculative_num_draft_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeShape {
+    /// Branches: distinct continuations per tree (prompt lookup), children of a low-confidence node and nodes
+    /// expanded per depth (a model drafter).
+    pub branches: usize,
+    /// Nodes per tree.
+    pub nodes: usize,
+}
+
+impl Draft {
+    /// The depth of each token in the tree (1: a child of the root), `[tokens]`.
+    pub fn depths(&self) -> Vec<usize> {
+        let mut depths: Vec<usize> = Vec::with_capacity(self.tokens.len());
+        for i in 0..self.tokens.len() {
+            let parent = self.parents.as_ref().map_or(i, |p| p[i]);
+            depths.push(if parent == 0 { 1 } else { depths[parent - 1] + 1 });
+        }
+        depths
+    }
+
+    /// The tree's nodes at most `max_depth` deep (a chain's first `max_depth` tokens), renumbered.
+    pub fn within_depth(self, max_depth: usize) -> Draft {
+        self.keep(|_, depth| depth <= max_depth)
+    }
+
+    /// The tree's first `n` nodes.
+    pub fn first_nodes(self, n: usize) -> Draft {
+        self.keep(|i, _| i < n)
+    }
+
+    /// A tree's first chain (the root's first child, its first child, …): what a target that cannot verify
+    /// trees checks.
+    pub fn first_chain(self) -> Draft {
+        let Some(parents) = self.parents.clone() else { return self };
+        let mut on = vec![false; parents.len() + 1];
+        on[0] = true;
+        let mut taken = vec![false; parents.len() + 1];
+        for (i, &p) in parents.iter().enumerate() {
+            if on[p] && !taken[p] {
+                (on[i + 1], taken[p]) = (true, true);
+            }
+        }
+        let mut draft = self.keep(|i, _| on[i + 1]);
+        draft.parents = None;
+        draft
+    }
+
+    /// The nodes `keep(index, depth)` accepts, with all their ancestors accepted too, renumbered.
+    fn keep(self, keep: impl Fn(usize, usize) -> bool) -> Draft {
+        let depths = self.depths();
+        let parents = self.parents.clone();
+        let parent = |i: usize| parents.as_ref().map_or(i, |p| p[i]);
+        let mut new_index = vec![None; self.tokens.len() + 1];
+        new_index[0] = Some(0);
+        let (mut tokens, mut q, mut new_parents) = (Vec::new(), self.q.as_ref().map(|_| Vec::new()), Vec::new());
+        for (i, &t) in self.tokens.iter().enumerate() {
+            if let (Some(p), true) = (new_index[parent(i)], keep(i, depths[i])) {
+                new_parents.push(p);
+                tokens.push(t);
+                if let (Some(q), Some(all)) = (q.as_mut(), self.q.as_ref()) {
+                    q.push(all[i].clone());
+                }
+                new_index[i + 1] = Some(tokens.len());
+            }
+        }
+        Draft { tokens, q, parents: self.parents.map(|_| new_parents) }
+    }
 }
 
 /// Proposes candidate tokens for the target to verify.

@@ -121,7 +121,7 @@ impl Drafter for MtpDrafter<'_> {
             ids.remove(0);
             ids.push(token);
         }
-        Ok(Draft { tokens, q: self.keep_q.then_some(qs) })
+        Ok(Draft { tokens, q: self.keep_q.then_some(qs), parents: None })
     }
 
     fn observe(&mut self, _context: &[u32], _proposed: usize, accepted: usize) -> Result<()> {

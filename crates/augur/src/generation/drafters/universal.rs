@@ -220,7 +220,7 @@ impl Drafter for UniversalAssisted<'_, '_> {
         tokens.truncate(max);
         self.prev_target_len = context.len();
         self.prev_assistant_ids = Some(sequence);
-        Ok(Draft { tokens, q: None })
+        Ok(Draft { tokens, q: None, parents: None })
     }
 
     fn observe(&mut self, _context: &[u32], proposed: usize, accepted: usize) -> Result<()> {

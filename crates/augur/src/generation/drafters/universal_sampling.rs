@@ -182,7 +182,7 @@ impl Drafter for UniversalSampling<'_, '_> {
                 break;
             }
         }
-        Ok(Draft { tokens, q: Some(qs) })
+        Ok(Draft { tokens, q: Some(qs), parents: None })
     }
 
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()> {
