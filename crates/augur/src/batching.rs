@@ -37,10 +37,7 @@ pub trait BatchModel: Send + Sync + 'static {
     }
     /// [`CausalLm::keep_path`] on `seq`.
     fn keep_path(&self, _seq: &mut Self::Sequence, _start: usize, _keep: &[usize]) -> Result<()> {
-        Err(Error::InvalidOption(format!(
-            "{} models do not verify trees",
-            self.config().architecture.name()
-        )))
+        Err(Error::InvalidOption(format!("{} models do not verify trees", self.config().architecture.name())))
     }
     /// What `seq` shares with a drafter that reads its KV (see [`KvSharing`]).
     fn kv_sharing<'a>(&'a self, _seq: &'a Self::Sequence) -> Option<Box<dyn KvSharing + 'a>> {

@@ -25,7 +25,7 @@ use augur::generation::logits::LogitsProcessor;
 use augur::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use augur::generation::sampler::{softmax, Sampler};
 use augur::generation::speculative;
-use augur::generation::verify::{self, Block, Verdict, Verifier};
+use augur::generation::verify::{self, Block, TreeBlock, TreeVerdict, Verdict, Verifier};
 use augur::models::mtp::MtpHead;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{Assistant, LoadedLm};
@@ -94,7 +94,11 @@ fn case(name: &'static str, method: Method, options: GenerationOptions) -> Case 
         Method::Mtp | Method::MtpFirstLayer => GenerationOptions { use_mtp: Some(true), ..options },
         _ => options,
     };
-    let prompt = if method == Method::Lookup { lookup_prompt(&options) } else { PROMPT.to_vec() };
+    let prompt = match method {
+        Method::Lookup if options.speculative_eagle_topk.is_some() => lookup_tree_prompt(&options),
+        Method::Lookup => lookup_prompt(&options),
+        _ => PROMPT.to_vec(),
+    };
     Case { name, target, assistant, method, options, prompt, min_round }
 }
 
@@ -102,15 +106,55 @@ fn case(name: &'static str, method: Method, options: GenerationOptions) -> Case 
 /// probability after that very prompt under `options`' processors (searched over the vocabulary), so that the first draft is often accepted
 /// and both paths of the verifier run.
 fn lookup_prompt(options: &GenerationOptions) -> Vec<u32> {
+    vec![297, 346, likely_after_bigram(options)[0], 319, 265, 280, 297, 346]
+}
+
+/// The tokens `d` most probable after `a b d x y z a b` (see [`lookup_prompt`]), most probable first.
+fn likely_after_bigram(options: &GenerationOptions) -> Vec<u32> {
     let with = |d: u32| vec![297, 346, d, 319, 265, 280, 297, 346];
     let cfg = GenerationConfig::from_options(options);
     let mut lm = load(&fixtures().join("tiny-llama"), false);
     let vocab = lm.config().vocab_size;
-    let p = |lm: &mut LoadedLm, d: u32| {
-        exact::next_distribution(lm.model.as_mut(), &cfg, 8, &with(d), None, vocab)[d as usize]
-    };
-    let best = (0..vocab as u32).max_by(|&a, &b| p(&mut lm, a).total_cmp(&p(&mut lm, b))).unwrap();
-    with(best)
+    let mut p: Vec<(f32, u32)> = (0..vocab as u32)
+        .map(|d| (exact::next_distribution(lm.model.as_mut(), &cfg, 8, &with(d), None, vocab)[d as usize], d))
+        .collect();
+    p.sort_by(|a, b| b.0.total_cmp(&a.0));
+    p.into_iter().map(|(_, d)| d).collect()
+}
+
+/// `a b d x y a b e z a b`: a tree of prompt lookup has two distinct continuations, `e z a` (the more recent,
+/// tried first) and `d x y`, with `d` and `e` the two tokens most probable after the bigram.
+fn lookup_tree_prompt(options: &GenerationOptions) -> Vec<u32> {
+    let with = |d: u32, e: u32| vec![297, 346, d, 319, 265, 297, 346, e, 280, 297, 346];
+    // Of the pairs of tokens likely after the bigram or after the prompts tried, the one whose two tokens are
+    // both likely after the prompt they make (the smaller probability largest): both siblings are then often
+    // accepted.
+    let likely = likely_after_bigram(options);
+    let cfg = GenerationConfig::from_options(options);
+    let mut lm = load(&fixtures().join("tiny-llama"), false);
+    let vocab = lm.config().vocab_size;
+    let mut best = (0.0, vec![]);
+    let mut candidates: Vec<u32> = likely[..3].to_vec();
+    for _ in 0..3 {
+        let mut found = Vec::new();
+        for &d in &candidates {
+            for &e in candidates.iter().filter(|&&e| e != d) {
+                let p = exact::next_distribution(lm.model.as_mut(), &cfg, 11, &with(d, e), None, vocab);
+                let score = p[d as usize].min(p[e as usize]);
+                if score > best.0 {
+                    best = (score, with(d, e));
+                }
+                found.extend((0..vocab as u32).filter(|&t| p[t as usize] > 0.2));
+            }
+        }
+        for t in found {
+            if !candidates.contains(&t) && candidates.len() < 8 {
+                candidates.push(t);
+            }
+        }
+    }
+    assert!(best.0 > 0.05, "no prompt whose two continuations are both likely: {}", best.0);
+    best.1
 }
 
 /// The first layer of an MTP head alone.
@@ -216,9 +260,11 @@ fn run(
         Method::Assistant => {
             Box::new(AssistantModel::new(lm(&mut m.assistant).model.as_mut(), &cfg, prompt.len(), vocab).unwrap())
         }
-        Method::Lookup => {
-            Box::new(PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone()).unwrap())
-        }
+        Method::Lookup => Box::new(
+            PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())
+                .unwrap()
+                .tree(cfg.tree_shape()),
+        ),
         Method::EarlyExit(l) => {
             Box::new(EarlyExit::new(l, target.config().num_hidden_layers, &cfg, prompt.len()).unwrap())
         }
@@ -259,6 +305,8 @@ struct Drafting {
     full_rounds: usize,
     accepted: usize,
     rejected: usize,
+    /// Draws with a round that verified a branching tree.
+    tree_draws: usize,
 }
 
 /// `draws` seeded generations of `case` with `verifier`, their histogram and what drafting did.
@@ -269,6 +317,7 @@ fn draw(case: &Case, draws: usize, verifier: &dyn Verifier, raw_q: bool) -> (His
     let h = histogram(draws, |s| {
         let out = run(&mut m, case, s, verifier, raw.as_mut());
         d.full_rounds += out.stats.rounds.iter().any(|&(g, _)| g >= case.min_round) as usize;
+        d.tree_draws += (out.stats.tree_rounds > 0) as usize;
         for &(g, n) in &out.stats.rounds {
             d.accepted += n.min(g);
             d.rejected += (n < g) as usize;
@@ -349,7 +398,36 @@ fn check(case: Case) {
         d.accepted,
         d.rejected
     );
+    if case.options.speculative_eagle_topk.is_some_and(|k| k > 1) {
+        assert_eq!(d.tree_draws, draws, "{}: draws without a branching tree", case.name);
+    }
     assert!(fit.passes(), "{}: {fit:?}", case.name);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Trees: multi-draft speculative sampling over siblings
+
+/// Tree drafts of two branches: an assistant that branches at every node (its top probability is always
+/// below 1), drawing two children independently from its distribution; prompt lookup with two distinct
+/// continuations (one-hot siblings).
+fn tree_sampling() -> GenerationOptions {
+    GenerationOptions { speculative_eagle_topk: Some(2), assistant_confidence_threshold: Some(1.0), ..sampling() }
+}
+
+#[test]
+fn assistant_tree() {
+    check(case("assistant tree", Method::Assistant, tree_sampling()));
+}
+
+#[test]
+fn prompt_lookup_tree() {
+    check(case("prompt lookup tree", Method::Lookup, tree_sampling()));
+}
+
+#[test]
+fn assistant_tree_with_repetition_penalty() {
+    let opts = GenerationOptions { repetition_penalty: Some(3.0), ..tree_sampling() };
+    check(case("assistant tree, repetition penalty", Method::Assistant, opts));
 }
 
 #[test]
@@ -527,6 +605,64 @@ impl Verifier for Broken {
         };
         Verdict { accepted: drafts.len(), next: sampler.sample(&bonus) }
     }
+}
+
+/// Multi-draft sampling over a tree with one defect switched on.
+#[derive(Clone, Copy, PartialEq)]
+enum BrokenTree {
+    /// Every sibling tested against the node's own `p`, the residual never updated after a rejection (the
+    /// token after all are rejected comes from the last sibling's residual alone).
+    StaleResidual,
+    /// After a rejected first sibling and an accepted later one, the walk goes on in the rejected sibling's
+    /// subtree.
+    RejectedSubtreeKept,
+}
+
+impl Verifier for BrokenTree {
+    fn tree_verdict(&self, block: &TreeBlock<'_>, sampler: &mut Sampler) -> TreeVerdict {
+        let TreeBlock { drafts, parents, rows, q, .. } = *block;
+        let kids = verify::children(parents);
+        let (mut node, mut path) = (0, Vec::new());
+        'nodes: loop {
+            let own = softmax(&rows[node]);
+            let mut p = own.clone();
+            let mut rejected_first = None;
+            for &c in &kids[node] {
+                let d = drafts[c] as usize;
+                let qc = q.map_or_else(|| (0..p.len()).map(|i| (i == d) as u8 as f32).collect(), |q| q[c].clone());
+                let tested = if *self == BrokenTree::StaleResidual { &own } else { &p };
+                if qc[d] > 0.0 && sampler.uniform() * f64::from(qc[d]) < f64::from(tested[d]) {
+                    path.push(c);
+                    node = match (self, rejected_first) {
+                        (BrokenTree::RejectedSubtreeKept, Some(r)) => r + 1,
+                        _ => c + 1,
+                    };
+                    continue 'nodes;
+                }
+                rejected_first.get_or_insert(c);
+                let base = if *self == BrokenTree::StaleResidual { &own } else { &p };
+                let mut residual: Vec<f32> = base.iter().zip(&qc).map(|(a, b)| (a - b).max(0.0)).collect();
+                let total: f32 = residual.iter().sum();
+                if total > f32::MIN_POSITIVE {
+                    residual.iter_mut().for_each(|v| *v /= total);
+                    p = residual;
+                }
+            }
+            return TreeVerdict { path, next: sampler.sample(&p) };
+        }
+    }
+}
+
+#[test]
+fn stale_sibling_residuals_are_caught() {
+    let c = case("assistant tree", Method::Assistant, tree_sampling());
+    assert_caught(c, &BrokenTree::StaleResidual, false, "stale sibling residual");
+}
+
+#[test]
+fn a_kept_rejected_subtree_is_caught() {
+    let c = case("assistant tree", Method::Assistant, tree_sampling());
+    assert_caught(c, &BrokenTree::RejectedSubtreeKept, false, "rejected sibling's subtree kept");
 }
 
 fn assert_caught(case: Case, verifier: &dyn Verifier, raw_q: bool, what: &str) {

@@ -155,6 +155,14 @@ fn draw(seed: u64, mut vocab: impl FnMut(&str) -> u32) -> Case {
         methods.extend(["gemma4_assistant", "gemma4_assistant"]);
     }
     let method = *r.pick(&methods);
+    // Trees, for the drafters that propose them, on targets that verify them (not Gemma 4).
+    if matches!(method, "prompt_lookup" | "assistant_model") && !setup.gemma4 && r.chance(50) {
+        o.speculative_eagle_topk = Some(2 + r.below(3) as usize);
+        o.speculative_num_draft_tokens = Some(1 + r.below(24) as usize);
+        if r.chance(50) {
+            o.speculative_num_steps = Some(1 + r.below(8) as usize);
+        }
+    }
     let mut assistant = None;
     match method {
         "prompt_lookup" => {
@@ -205,6 +213,7 @@ fn greedy_speculation_equals_plain_greedy() {
     let mut pipes = Pipelines::default();
     let mut vocabs = HashMap::new();
     let mut by_method: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut tree_rounds: HashMap<&str, usize> = HashMap::new();
     for i in 0..cases {
         let case_seed = seed.wrapping_add(i);
         let case = draw(case_seed, |t| {
@@ -255,13 +264,19 @@ fn greedy_speculation_equals_plain_greedy() {
         let e = by_method.entry(case.method).or_default();
         e.0 += 1;
         e.1 += got.stats.drafted;
+        *tree_rounds.entry(case.method).or_default() += got.stats.tree_rounds;
     }
-    println!("cases and drafted tokens by method: {by_method:?}");
+    println!(
+        "cases and drafted tokens by method: {by_method:?}; rounds that verified branching trees: {tree_rounds:?}"
+    );
     if cases >= DEFAULT_CASES {
         // Every drafter was drawn, and drafted.
         for m in ["prompt_lookup", "early_exit", "assistant_model", "universal_assisted", "mtp", "gemma4_assistant"] {
             let (n, drafted) = by_method.get(m).copied().unwrap_or_default();
             assert!(n > 0 && drafted > 0, "{m}: {n} cases, {drafted} drafted tokens");
+        }
+        for m in ["prompt_lookup", "assistant_model"] {
+            assert!(tree_rounds.get(m).copied().unwrap_or(0) > 0, "{m} never verified a branching tree");
         }
     }
 }

@@ -34,6 +34,9 @@ pub struct GenerationStats {
     pub mean_accepted_per_forward: f64,
     pub draft_seconds: f64,
     pub verify_seconds: f64,
+    /// Speculative rounds that verified a tree of drafts (`speculative_eagle_topk` above 1) with more than one
+    /// branch.
+    pub tree_rounds: usize,
     /// Per speculative round: drafts proposed and drafts kept (Transformers' `n`, after the EOS and length
     /// cut).
     #[serde(skip)]

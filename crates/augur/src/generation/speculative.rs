@@ -187,19 +187,22 @@ fn tree_round(
     let mut logits = logits_rows(&out, TARGET, len - 1)?;
     let raw = emitter.wants_logprobs().then(|| logits.clone());
     verifier.process_tree(processor, emitter.tokens(), drafts, parents, &mut logits);
-    let block =
-        TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_deref(), do_sample: processor.do_sample() };
+    let block = TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_deref(), do_sample: processor.do_sample() };
     let TreeVerdict { path, next } = verifier.tree_verdict(&block, sampler);
     let verify_seconds = t1.elapsed().as_secs_f64();
     stats.verify_seconds += verify_seconds;
     let mut tokens: Vec<u32> = path.iter().map(|&i| drafts[i]).collect();
     tokens.push(next);
     // Each emitted token's row: the root's for the first, then the row of the node it follows.
-    let scored = raw.map(|raw| std::iter::once(0).chain(path.iter().map(|&i| i + 1)).map(|r| raw[r].clone()).collect::<Vec<_>>());
+    let scored = raw
+        .map(|raw| std::iter::once(0).chain(path.iter().map(|&i| i + 1)).map(|r| raw[r].clone()).collect::<Vec<_>>());
     let kept = emitter.accept_scored(&tokens, scored.as_deref())?;
     stats.drafted += n;
     stats.accepted += kept - 1;
     stats.rounds.push((n, kept - 1));
+    if depth < n {
+        stats.tree_rounds += 1;
+    }
     target.keep_path(len, &path)?;
     Ok((depth, path.len(), verify_seconds))
 }

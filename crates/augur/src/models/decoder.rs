@@ -137,7 +137,10 @@ impl<B: Block> Decoder<B> {
     /// The step of a block of `len` rows at cache position `start`, causal or shaped as `tree`.
     fn step(&self, start: usize, len: usize, tree: Option<&Arc<TreeMask>>) -> Result<Step> {
         let (rope_full, rope_sliding) = match tree {
-            None => (self.ropes.full.cos_sin(start, len, &self.device)?, self.ropes.sliding.cos_sin(start, len, &self.device)?),
+            None => (
+                self.ropes.full.cos_sin(start, len, &self.device)?,
+                self.ropes.sliding.cos_sin(start, len, &self.device)?,
+            ),
             Some(t) => {
                 let at = || (0..len).map(|row| start - t.cached() + t.depth(row));
                 (self.ropes.full.cos_sin_at(at(), &self.device)?, self.ropes.sliding.cos_sin_at(at(), &self.device)?)
@@ -166,8 +169,10 @@ impl<B: Block> Decoder<B> {
     fn forward_rows(&self, jobs: &mut [Job<DecoderSequence>]) -> Result<Vec<ForwardOutput>> {
         let ids: Vec<u32> = jobs.iter().flat_map(|j| j.tokens.iter().copied()).collect();
         let mut x = self.embed_tokens(&ids)?; // [1, rows, hidden]
-        let steps =
-            jobs.iter().map(|j| self.step(j.seq.len, j.tokens.len(), j.opts.tree.as_ref())).collect::<Result<Vec<_>>>()?;
+        let steps = jobs
+            .iter()
+            .map(|j| self.step(j.seq.len, j.tokens.len(), j.opts.tree.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
         for (i, layer) in self.layers.iter().enumerate() {
             let mut caches: Vec<&mut KvCache> = jobs.iter_mut().map(|j| &mut j.seq.caches[i]).collect();
             x = layer.forward(&x, &steps, &self.ropes, &mut caches)?;

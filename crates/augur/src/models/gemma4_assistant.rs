@@ -174,7 +174,8 @@ impl Gemma4Assistant {
                 )));
             }
             let q = layer.queries(&layer.input_norm(&x)?, rope, cs)?.flatten_all()?.to_vec1::<f32>()?;
-            let out = attend(cache, &q, AttendShape::over(cache, layer.n_heads), 1, 1.0, None, Ranges(|_| (first, end)));
+            let out =
+                attend(cache, &q, AttendShape::over(cache, layer.n_heads), 1, 1.0, None, Ranges(|_| (first, end)));
             let out = Tensor::from_vec(out, (1, 1, layer.n_heads * layer.head_dim), &self.device)?;
             let a = layer.o_proj.forward(&out)?;
             x = layer.finish(&x, &a, None)?;

@@ -4,11 +4,11 @@ use candle_core::Tensor;
 
 use super::norm::RmsNorm;
 use super::rope::Ropes;
+use super::TreeMask;
 use super::{flat, Linear};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use super::TreeMask;
 use crate::kernels::attention::{attend, AttendShape, Causal, TreeRows};
 use crate::nn::kv_cache::KvCache;
 

@@ -136,11 +136,8 @@ impl Autoregressive {
             for (node, score, q) in &frontier {
                 let top = argmax(q);
                 let k = if threshold > 0.0 && q[top as usize] < threshold { shape.branches } else { 1 };
-                let picks: Vec<u32> = if do_sample {
-                    (0..k).map(|_| self.sampler.sample(q)).collect()
-                } else {
-                    top_tokens(q, k)
-                };
+                let picks: Vec<u32> =
+                    if do_sample { (0..k).map(|_| self.sampler.sample(q)).collect() } else { top_tokens(q, k) };
                 for t in picks {
                     if tree.tokens.len() == shape.nodes {
                         break;

@@ -48,7 +48,10 @@ pub fn build<'a>(
 ) -> Result<Option<Box<dyn Drafter + 'a>>> {
     let vocab = target.vocab_size;
     let missing = |what: &str| Error::InvalidOption(format!("method `{method:?}` needs {what}"));
-    let trees = matches!(method, SpeculationMethod::None | SpeculationMethod::PromptLookup { .. } | SpeculationMethod::Assistant);
+    let trees = matches!(
+        method,
+        SpeculationMethod::None | SpeculationMethod::PromptLookup { .. } | SpeculationMethod::Assistant
+    );
     if cfg.tree_shape().is_some() && !trees {
         return Err(Error::InvalidOption(format!(
             "`speculative_eagle_topk` above 1 drafts trees with prompt lookup or an assistant model that shares the \

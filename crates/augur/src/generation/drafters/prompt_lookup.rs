@@ -26,7 +26,6 @@ const MAX_MATCH: usize = 64;
 /// Most recent occurrences of one n-gram a tree draws continuations from.
 const TREE_OCCURRENCES: usize = 64;
 
-
 /// Where each n-gram (of 1 to `max_n` tokens) of a token sequence ends: the positions its continuations start at,
 /// ascending. Keyed by a hash; readers compare the tokens, so a collision only costs a comparison.
 #[derive(Default)]
