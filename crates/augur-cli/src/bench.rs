@@ -51,7 +51,8 @@ pub struct BenchArgs {
     /// Spec-Bench mode: only these categories (comma-separated).
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
-    /// Spec-Bench mode: methods compared with plain decoding: prompt_lookup, assistant_model (universal assisted
+    /// Spec-Bench mode: methods compared with plain decoding (`<method>_tree`: with tree drafts, see the
+    /// `--speculative-*` flags): prompt_lookup, assistant_model (universal assisted
     /// decoding when the assistant's tokenizer differs), early_exit (needs --assistant-early-exit), mtp.
     #[arg(long, value_delimiter = ',', default_value = "prompt_lookup")]
     methods: Vec<String>,
@@ -236,7 +237,14 @@ fn method_options(args: &BenchArgs, method: &str) -> Result<CallOptions> {
         cost_aware_drafting: spec.cost_aware_drafting,
         ..Default::default()
     };
+    // `<method>_tree` is the method with tree drafts (`--speculative-eagle-topk`, 3 unless given); the method's
+    // own name drafts chains whatever the tree flags say.
+    let (method, tree) = match method.strip_suffix("_tree") {
+        Some(m) => (m, true),
+        None => (method, false),
+    };
     let name = match method {
+        "plain" if tree => bail!("--methods: plain decoding has no tree form"),
         "plain" => MethodName::Plain,
         "assistant_model" if spec.assistant_model.is_none() => {
             bail!("the assistant_model method needs --assistant-model")
@@ -248,6 +256,11 @@ fn method_options(args: &BenchArgs, method: &str) -> Result<CallOptions> {
     };
     let mut o = name.own_options(&spec.options())?;
     o.merge(&base);
+    if tree {
+        o.speculative_eagle_topk = Some(spec.speculative_eagle_topk.unwrap_or(3));
+    } else {
+        (o.speculative_eagle_topk, o.speculative_num_draft_tokens, o.speculative_num_steps) = (None, None, None);
+    }
     Ok(CallOptions { method: Some(name), ..CallOptions::new(o) })
 }
 
@@ -256,6 +269,14 @@ fn check_method_flags(args: &BenchArgs) -> Result<()> {
     let has = |m: &str| args.methods.iter().any(|x| x == m);
     if args.speculation.assistant_early_exit.is_some() && !has("early_exit") {
         bail!("--assistant-early-exit is read by the early_exit method only: add it to --methods");
+    }
+    let tree_flags = [
+        args.speculation.speculative_eagle_topk,
+        args.speculation.speculative_num_draft_tokens,
+        args.speculation.speculative_num_steps,
+    ];
+    if tree_flags.iter().any(Option::is_some) && !args.methods.iter().any(|m| m.ends_with("_tree")) {
+        bail!("the --speculative-* tree flags are read by tree methods only: add prompt_lookup_tree or assistant_model_tree to --methods");
     }
     if args.speculation.use_mtp && !has("mtp") {
         bail!("--use-mtp: compare multi-token prediction with --methods mtp");

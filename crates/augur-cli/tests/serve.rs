@@ -242,6 +242,31 @@ fn endpoints_greedy_streaming_and_speculation() {
     assert_eq!(spec["method"], "prompt_lookup");
     assert!(spec["drafted_tokens"].as_u64().unwrap() > 0, "{spec}");
     assert!(spec["target_forwards"].as_u64().unwrap() <= 24);
+    // Tree drafts through the same field, under vLLM's names: the same text, and trees that branched.
+    // A prompt with several continuations of its last words, so that the trees branch.
+    let branching = "A cat sat on a mat. A cat ran to a dog. A cat ate a fish. A cat";
+    let tree_request = |speculation: Value| {
+        post(
+            a,
+            "/v1/completions",
+            &json!({"prompt": branching, "max_tokens": 24, "temperature": 0,
+                                           "speculation": speculation}),
+        )
+        .json()
+    };
+    let plain_text = tree_request(json!("off"))["choices"][0]["text"].clone();
+    let tree = tree_request(json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 4,
+                                   "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 8,
+                                   "cost_aware_drafting": false}));
+    assert_eq!(tree["choices"][0]["text"], plain_text);
+    assert!(tree["usage"]["speculation"]["tree_rounds"].as_u64().unwrap() > 0, "{}", tree["usage"]);
+    let too_wide = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "a", "speculation": {"method": "prompt_lookup", "speculative_eagle_topk": 99}}),
+    );
+    assert_error(&too_wide, 400, None);
+    assert_eq!(too_wide.json()["error"]["param"], "speculation.speculative_eagle_topk");
     let off =
         post(a, "/v1/completions", &json!({"prompt": PROMPT, "max_tokens": 8, "speculation": "off", "temperature": 0}));
     assert_eq!(off.json()["usage"]["speculation"]["method"], "plain");

@@ -41,13 +41,19 @@ def methods():
     yield "mtp", "tiny-deepseek-v3-mtp", {"use_mtp": True}
     yield "mtp", "tiny-glm4-moe-mtp", {"use_mtp": True}
     yield "gemma4_assistant", "tiny-gemma4", {"assistant_model": "tiny-gemma4-assistant"}
+    # Tree drafts, under vLLM's option names.
+    yield "prompt_lookup", QWEN, {"prompt_lookup_num_tokens": 10, "speculative_eagle_topk": 3, "tree": True}
+    yield "assistant_model", "tiny-llama", {"assistant_model": "tiny-llama-assistant", "speculative_eagle_topk": 2,
+                                            "speculative_num_draft_tokens": 12, "assistant_confidence_threshold": 0.9,
+                                            "tree": True}
 
 
 @pytest.mark.parametrize("method,target,options", list(methods()),
-                         ids=[f"{m}-{t}" for m, t, _ in methods()])
+                         ids=[f"{m}-{t}" + ("-tree" if o.get("tree") else "") for m, t, o in methods()])
 def test_greedy_speculative_equals_plain(method, target, options):
     options = dict(options)
     universal = options.pop("universal", False)
+    tree = options.pop("tree", False)
     if "assistant_model" in options:
         name = options["assistant_model"]
         # One loaded model cannot draft for itself: the target's own file as assistant is loaded a second time.
@@ -57,7 +63,7 @@ def test_greedy_speculative_equals_plain(method, target, options):
             options["assistant_tokenizer"] = tokenizer(name)
     m = model(target)
     tok = tokenizer(target) if not target.startswith("tiny-gemma4") else m._tokenizer
-    drafted = 0
+    drafted = tree_rounds = 0
     for prompt in PROMPTS:
         ids = tok(prompt)["input_ids"]
         plain = m.generate(input_ids=[ids], max_new_tokens=24, eos_token_id=None)
@@ -66,4 +72,7 @@ def test_greedy_speculative_equals_plain(method, target, options):
         assert out.sequences == plain, (method, prompt)
         assert out.stats[0]["method"] == method
         drafted += out.stats[0]["drafted"]
+        tree_rounds += out.stats[0]["tree_rounds"]
     assert drafted > 0
+    # Trees that branched were verified (and only where asked for).
+    assert (tree_rounds > 0) == tree, tree_rounds

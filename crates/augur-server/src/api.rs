@@ -53,6 +53,8 @@ impl ApiError {
 /// them a round's forward only grows (the target checks every draft) without more being accepted.
 pub const MAX_DRAFT_TOKENS: usize = 128;
 pub const MAX_NGRAM_SIZE: usize = 32;
+/// Branches of a tree draft (`speculative_eagle_topk`).
+pub const MAX_TREE_BRANCHES: usize = 16;
 /// The most tokens universal assisted decoding may re-tokenize per round.
 pub const MAX_LOOKBEHIND: usize = 1024;
 /// OpenAI's limits: `top_logprobs` up to 20 (vLLM's too), a bias within ±100.
@@ -359,6 +361,9 @@ pub fn check_knobs(o: &GenerationOptions) -> Result<(), ApiError> {
         ("num_assistant_tokens", o.num_assistant_tokens, MAX_DRAFT_TOKENS),
         ("prompt_lookup_num_tokens", o.prompt_lookup_num_tokens, MAX_DRAFT_TOKENS),
         ("max_matching_ngram_size", o.max_matching_ngram_size, MAX_NGRAM_SIZE),
+        ("speculative_num_draft_tokens", o.speculative_num_draft_tokens, MAX_DRAFT_TOKENS),
+        ("speculative_num_steps", o.speculative_num_steps, MAX_DRAFT_TOKENS),
+        ("speculative_eagle_topk", o.speculative_eagle_topk, MAX_TREE_BRANCHES),
         ("assistant_lookbehind", o.assistant_lookbehind, MAX_LOOKBEHIND),
         ("target_lookbehind", o.target_lookbehind, MAX_LOOKBEHIND),
     ] {
@@ -635,6 +640,7 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
             "tokens_per_forward": if forwards > 0 { completion as f64 / forwards as f64 } else { 0.0 },
             "draft_seconds": sum_f(|o| o.stats.draft_seconds),
             "verify_seconds": sum_f(|o| o.stats.verify_seconds),
+            "tree_rounds": sum(|o| o.stats.tree_rounds),
         },
     })
 }

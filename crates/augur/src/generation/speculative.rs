@@ -81,16 +81,14 @@ pub fn generate_with(
             (Some(_), DraftCap::Unlimited) => draft.within_depth(max_drafts),
             (None, _) => draft,
         };
-        if draft.parents.is_some() && !draft.tokens.is_empty() {
-            if target.supports_tree() {
-                let (depth, accepted, verify_seconds) =
-                    tree_round(target, &draft, &processor, emitter, stats, verifier, &mut sampler, start)?;
-                if let Some(c) = cost.as_mut() {
-                    c.record(draft.tokens.len(), accepted, draft_seconds, verify_seconds);
-                }
-                drafter.observe(emitter.tokens(), depth, accepted)?;
-                continue;
+        if draft.parents.is_some() && !draft.tokens.is_empty() && target.supports_tree() {
+            let (depth, accepted, verify_seconds) =
+                tree_round(target, &draft, &processor, emitter, stats, verifier, &mut sampler, start)?;
+            if let Some(c) = cost.as_mut() {
+                c.record(draft.tokens.len(), accepted, draft_seconds, verify_seconds);
             }
+            drafter.observe(emitter.tokens(), depth, accepted)?;
+            continue;
         }
         let draft = draft.first_chain();
         let gamma = draft.tokens.len().min(max_drafts);

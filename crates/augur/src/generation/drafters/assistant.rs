@@ -9,8 +9,8 @@
 //! (`cost_aware_drafting = false`) use the whole head.
 
 use super::autoregressive::Autoregressive;
-use super::{one_step_seconds, Draft, Drafter, TreeShape};
-use crate::error::Result;
+use super::{one_step_seconds, Draft, Drafter};
+use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::ASSISTANT;
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
@@ -22,8 +22,6 @@ pub struct AssistantModel<'m> {
     target_vocab: usize,
     /// Token ids the short head covers (see the module doc), or `None` for the whole head.
     head_rows: Option<usize>,
-    /// Tree drafts of this shape (see [`Autoregressive::draft_tree`]); `None`: one chain.
-    tree: Option<TreeShape>,
 }
 
 /// Vocabularies above this size get a short head under cost-aware drafting (Qwen2.5's 151,936, Gemma's
@@ -45,7 +43,13 @@ impl<'m> AssistantModel<'m> {
         model.truncate(0);
         let head_rows = (cfg.cost_aware() && model.config().vocab_size > SHORT_HEAD_ABOVE).then_some(SHORT_HEAD_ROWS);
         let drafting = Autoregressive::new(cfg, prompt_len, true, ASSISTANT)?;
-        Ok(Self { model, drafting, target_vocab, head_rows, tree: cfg.tree_shape() })
+        if drafting.tree.is_some() && !model.supports_tree() {
+            return Err(Error::InvalidOption(format!(
+                "`speculative_eagle_topk` above 1: a {} assistant cannot draft trees",
+                model.config().architecture.name()
+            )));
+        }
+        Ok(Self { model, drafting, target_vocab, head_rows })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {
@@ -60,9 +64,10 @@ impl Drafter for AssistantModel<'_> {
     fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
         let feed = context[self.model.cache_len()..].to_vec();
         let opts = ForwardOptions { head_rows: self.head_rows, ..ForwardOptions::logits(LogitRows::Last(1)) };
-        match self.tree.filter(|_| self.model.supports_tree()) {
-            Some(shape) => self.drafting.draft_tree(self.model, &opts, context, feed, max, self.target_vocab, shape),
-            None => self.drafting.draft(self.model, &opts, context, feed, max, self.target_vocab),
+        if self.drafting.tree.is_some() {
+            self.drafting.draft_tree(self.model, &opts, context, feed, max, self.target_vocab)
+        } else {
+            self.drafting.draft(self.model, &opts, context, feed, max, self.target_vocab)
         }
     }
 

@@ -24,6 +24,8 @@ pub(super) struct Autoregressive {
     keep_q: bool,
     /// The drafting model's name in errors.
     name: &'static str,
+    /// `cfg`'s tree shape: [`Self::draft_tree`]'s.
+    pub tree: Option<TreeShape>,
 }
 
 impl Autoregressive {
@@ -44,6 +46,7 @@ impl Autoregressive {
             eos: cfg.eos_token_id.clone(),
             keep_q: cfg.do_sample || cfg.assistant_ensemble_weight.is_some(),
             name,
+            tree: cfg.tree_shape(),
         })
     }
 
@@ -100,7 +103,8 @@ impl Autoregressive {
         Ok(Draft { tokens, q: self.keep_q.then_some(qs), parents: None })
     }
 
-    /// A tree of drafts continuing `context`, at most [`Self::cap`]`(max)` deep (EAGLE-2's expansion, arXiv
+    /// A tree of drafts of [`Self::tree`]'s `shape` (one branch without one) continuing `context`, at most
+    /// [`Self::cap`]`(max)` deep (EAGLE-2's expansion, arXiv
     /// 2406.16858): depth by depth, each node of the frontier gets one child, or `shape.branches` children where
     /// the model's top probability there is below the confidence threshold (greedy: its top tokens; sampling:
     /// independent draws from its distribution, as multi-draft verification needs); of the new nodes, the
@@ -116,8 +120,8 @@ impl Autoregressive {
         feed: Vec<u32>,
         max: usize,
         vocab: usize,
-        shape: TreeShape,
     ) -> Result<Draft> {
+        let shape = self.tree.unwrap_or(TreeShape { branches: 1, nodes: max });
         let depth = self.cap(max);
         let mut tree = Draft { parents: Some(Vec::new()), q: self.keep_q.then(Vec::new), ..Draft::default() };
         if depth == 0 {
