@@ -81,6 +81,10 @@ impl Drafter for AssistantModel<'_> {
         Ok(())
     }
 
+    fn set_cost_cap(&mut self, cap: Option<usize>) {
+        self.drafting.row_cap = cap;
+    }
+
     fn step_seconds(&mut self) -> Result<Option<f64>> {
         if self.model.cache_len() > 0 {
             return Ok(None);

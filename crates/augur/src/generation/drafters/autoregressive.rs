@@ -26,6 +26,9 @@ pub(super) struct Autoregressive {
     name: &'static str,
     /// `cfg`'s tree shape: [`Self::draft_tree`]'s.
     pub tree: Option<TreeShape>,
+    /// The cost model's cap on the coming round's verification rows: a tree keeps its most probable nodes
+    /// within it.
+    pub row_cap: Option<usize>,
 }
 
 impl Autoregressive {
@@ -47,6 +50,7 @@ impl Autoregressive {
             keep_q: cfg.do_sample || cfg.assistant_ensemble_weight.is_some(),
             name,
             tree: cfg.tree_shape(),
+            row_cap: None,
         })
     }
 
@@ -111,7 +115,9 @@ impl Autoregressive {
     /// `shape.branches` most probable paths (products of the drafted probabilities) form the next frontier.
     /// Each depth is one forward of `model` over the depth's new nodes with a tree mask (each attends to
     /// `context` and its ancestors, cached by the forwards before); the model's cache ends holding `context`
-    /// alone. `shape.nodes` nodes at most.
+    /// alone. `shape.nodes` nodes at most; under a [`Self::row_cap`], the tree grows to twice the cap and, when
+    /// greedy, keeps the cap's most probable nodes (EAGLE-2's rerank: a node is never more probable than its
+    /// parent, so the kept nodes form a tree).
     pub fn draft_tree(
         &mut self,
         model: &mut dyn CausalLm,
@@ -121,7 +127,10 @@ impl Autoregressive {
         max: usize,
         vocab: usize,
     ) -> Result<Draft> {
-        let shape = self.tree.unwrap_or(TreeShape { branches: 1, nodes: max });
+        let mut shape = self.tree.unwrap_or(TreeShape { branches: 1, nodes: max });
+        if let Some(cap) = self.row_cap {
+            shape.nodes = shape.nodes.min(2 * cap.max(1));
+        }
         let depth = self.cap(max);
         let mut tree = Draft { parents: Some(Vec::new()), q: self.keep_q.then(Vec::new), ..Draft::default() };
         if depth == 0 {
@@ -182,7 +191,18 @@ impl Autoregressive {
         }
         model.truncate(context.len());
         tree.parents = Some(parents);
-        Ok(tree)
+        match self.row_cap {
+            // Greedy only: under sampling, dropping a node's children by their drawn values would leave its
+            // kept children no longer independent draws from its q (the loop's cut, by position, is safe).
+            Some(cap) if cap < tree.tokens.len() && !do_sample => {
+                let mut order: Vec<usize> = (0..scores.len()).collect();
+                order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+                let mut kept = vec![false; scores.len()];
+                order.into_iter().take(cap).for_each(|i| kept[i] = true);
+                Ok(tree.keep(|i, _| kept[i]))
+            }
+            _ => Ok(tree),
+        }
     }
 
     /// The processed distribution after `ctx`, laid out over `vocab` rows.

@@ -88,7 +88,7 @@ impl Draft {
     }
 
     /// The nodes `keep(index, depth)` accepts, with all their ancestors accepted too, renumbered.
-    fn keep(self, keep: impl Fn(usize, usize) -> bool) -> Draft {
+    pub(super) fn keep(self, keep: impl Fn(usize, usize) -> bool) -> Draft {
         let depths = self.depths();
         let parents = self.parents.clone();
         let parent = |i: usize| parents.as_ref().map_or(i, |p| p[i]);
