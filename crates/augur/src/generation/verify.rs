@@ -81,14 +81,15 @@ pub trait Verifier {
         rows: &mut [Vec<f32>],
     ) {
         let len = context.len();
-        let deepest = (0..drafts.len()).map(|i| node_depth(parents, i + 1)).max().unwrap_or(0);
+        let paths: Vec<Vec<usize>> = (0..rows.len()).map(|node| path_to(parents, node)).collect();
+        let deepest = paths.iter().map(Vec::len).max().unwrap_or(0);
         if processor.is_noop(len) && processor.is_noop(len + deepest) {
             return;
         }
         let mut ctx = context.to_vec();
-        for (node, row) in rows.iter_mut().enumerate() {
+        for (path, row) in paths.iter().zip(rows.iter_mut()) {
             ctx.truncate(len);
-            ctx.extend(path_to(parents, node).iter().map(|&i| drafts[i]));
+            ctx.extend(path.iter().map(|&i| drafts[i]));
             processor.process(&ctx, row);
         }
     }
@@ -103,6 +104,26 @@ pub trait Verifier {
     }
 }
 
+/// What `p` becomes after draft `d` drawn from `q` is rejected: `normalize([p − q]⁺)`, or `p` without `d` for a
+/// deterministic draft (`q` one-hot). When nothing is left (`p == q` up to rounding, so the rejection was a
+/// rounding artifact), `p` itself.
+fn residual_after_rejection(p: Vec<f32>, q: Option<&[f32]>, d: usize) -> Vec<f32> {
+    let mut residual: Vec<f32> = match q {
+        Some(q) => p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect(),
+        None => {
+            let mut r = p.clone();
+            r[d] = 0.0;
+            r
+        }
+    };
+    let total: f32 = residual.iter().sum();
+    if total <= f32::MIN_POSITIVE {
+        return p;
+    }
+    residual.iter_mut().for_each(|v| *v /= total);
+    residual
+}
+
 /// The draft indices from the root down to `node` (0: the root, `i + 1`: draft `i`), root first.
 pub fn path_to(parents: &[usize], node: usize) -> Vec<usize> {
     let mut path = Vec::new();
@@ -113,14 +134,6 @@ pub fn path_to(parents: &[usize], node: usize) -> Vec<usize> {
     }
     path.reverse();
     path
-}
-
-fn node_depth(parents: &[usize], node: usize) -> usize {
-    let (mut at, mut depth) = (node, 0);
-    while at > 0 {
-        (at, depth) = (parents[at - 1], depth + 1);
-    }
-    depth
 }
 
 /// The children of every node (`[n + 1]`, node 0 the root), in draft order.
@@ -171,20 +184,7 @@ pub fn tree_sampling(block: &TreeBlock<'_>, sampler: &mut Sampler) -> TreeVerdic
                 node = c + 1;
                 continue 'nodes;
             }
-            let mut residual: Vec<f32> = match q {
-                Some(q) => p.iter().zip(&q[c]).map(|(a, b)| (a - b).max(0.0)).collect(),
-                None => {
-                    let mut r = p.clone();
-                    r[d] = 0.0;
-                    r
-                }
-            };
-            let total: f32 = residual.iter().sum();
-            if total > f32::MIN_POSITIVE {
-                residual.iter_mut().for_each(|v| *v /= total);
-                p = residual;
-            }
-            // Else p == q up to rounding (the rejection was a rounding artifact): p stays.
+            p = residual_after_rejection(p, q.map(|q| &q[c][..]), d);
         }
         return TreeVerdict { path, next: sampler.sample(&p) };
     }
@@ -268,21 +268,7 @@ pub fn speculative_sampling(
         if accept {
             continue;
         }
-        let mut residual: Vec<f32> = match q {
-            Some(q) => p.iter().zip(&q[i]).map(|(a, b)| (a - b).max(0.0)).collect(),
-            None => {
-                let mut r = p.clone();
-                r[d as usize] = 0.0;
-                r
-            }
-        };
-        let total: f32 = residual.iter().sum();
-        if total <= f32::MIN_POSITIVE {
-            // p == q up to rounding: any rejection was a rounding artifact, so sample from p itself.
-            residual = p;
-        } else {
-            residual.iter_mut().for_each(|v| *v /= total);
-        }
+        let residual = residual_after_rejection(p, q.map(|q| &q[i][..]), d as usize);
         return Verdict { accepted: i, next: sampler.sample(&residual) };
     }
     let p = softmax(&logits[drafts.len()]);
