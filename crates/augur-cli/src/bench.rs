@@ -62,6 +62,8 @@ pub struct BenchArgs {
     /// Spec-Bench mode: the methods' options (prompt lookup copies 10 tokens unless told otherwise).
     #[command(flatten)]
     pub(crate) speculation: SpeculationArgs,
+    #[command(flatten)]
+    load: crate::ui::LoadArgs,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -72,10 +74,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--reps must be at least 1");
     }
     crate::set_threads(args.threads)?;
-    let mut pipe = crate::ui::load_pipeline(args.model.as_deref())?;
+    let mut pipe = crate::ui::load_pipeline(args.model.as_deref(), &args.load)?;
     let result = match &args.prompts {
         Some(p) => {
-            pipe = args.speculation.attach_assistant(pipe)?;
+            pipe = args.speculation.attach_assistant(pipe, &args.load)?;
             spec_bench(&mut pipe, &args, p)?
         }
         None => speed(&mut pipe, &args)?,
@@ -101,6 +103,16 @@ fn timed(model: &mut dyn CausalLm, tokens: &[u32], rows: LogitRows) -> Result<f6
     let t = Instant::now();
     model.forward(tokens, &ForwardOptions::logits(rows))?;
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// The bytes of a model's weights: a GGUF file's size, or a directory's safetensors files.
+fn model_bytes(path: &std::path::Path) -> u64 {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    if !path.is_dir() {
+        return size(path);
+    }
+    let files = std::fs::read_dir(path).into_iter().flatten().flatten().map(|e| e.path());
+    files.filter(|p| p.extension().is_some_and(|e| e == "safetensors")).map(|p| size(&p)).sum()
 }
 
 /// Prefill and decode tokens per second (llama-bench's pp and tg: decode starts from an empty cache), and
@@ -138,6 +150,19 @@ fn speed(pipe: &mut Pipeline, args: &BenchArgs) -> Result<Value> {
         let tps = args.decode as f64 / median(secs);
         println!("decode   {:>5} tokens: {tps:>9.1} tok/s", args.decode);
         out["decode_tokens_per_s"] = json!(tps);
+        // Decoding reads every weight once per token: the file over the read bandwidth bounds it.
+        let bytes = model_bytes(&pipe.target.path);
+        let bandwidth = augur::kernels::bandwidth::read_bytes_per_s(1 << 30, 3);
+        let bound = bandwidth / bytes as f64;
+        println!(
+            "         bound: {:.2} GB per token at {:.1} GB/s read = {bound:.1} tok/s; decode at {:.0}% of it",
+            bytes as f64 / 1e9,
+            bandwidth / 1e9,
+            100.0 * tps / bound
+        );
+        out["model_bytes"] = json!(bytes);
+        out["read_bytes_per_s"] = json!(bandwidth);
+        out["decode_share_of_bound"] = json!(tps / bound);
     }
     if !args.k.is_empty() {
         if args.k.contains(&0) {

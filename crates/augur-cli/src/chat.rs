@@ -32,6 +32,8 @@ pub struct ChatArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     speculation: SpeculationArgs,
+    #[command(flatten)]
+    load: crate::ui::LoadArgs,
 }
 
 /// The conversation's totals, for `/stats`.
@@ -75,7 +77,8 @@ fn acceptance(drafted: usize, accepted: usize) -> String {
 
 pub fn run(args: ChatArgs) -> Result<()> {
     crate::set_threads(args.threads)?;
-    let mut pipe = args.speculation.attach_assistant(crate::ui::load_pipeline(args.model.as_deref())?)?;
+    let pipe = crate::ui::load_pipeline(args.model.as_deref(), &args.load)?;
+    let mut pipe = args.speculation.attach_assistant(pipe, &args.load)?;
     if pipe.target.tokenizer.chat_template().is_none() {
         anyhow::bail!("this model has no chat template: use `augur generate` for plain text");
     }
@@ -165,7 +168,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 let s = &out.stats;
                 totals.add(s);
                 eprintln!(
-                    "[turn {} · {} prompt + {} new tokens · {:.1} tok/s · {:.2} tokens per target forward · {}{} · {}]",
+                    "[turn {} · {} prompt + {} new tokens · {:.1} tok/s · {:.2} tokens per target forward · {}{} · {}]{}",
                     totals.turns,
                     s.prompt_tokens,
                     s.new_tokens,
@@ -173,7 +176,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
                     s.mean_accepted_per_forward,
                     s.method,
                     acceptance(s.drafted, s.accepted),
-                    out.finish_reason.as_str()
+                    out.finish_reason.as_str(),
+                    crate::ui::lossy_note(&pipe)
                 );
                 history.push(ChatMessage::assistant(out.text));
             }

@@ -81,6 +81,8 @@ struct GenerateArgs {
     sampling: SamplingArgs,
     #[command(flatten)]
     speculation: SpeculationArgs,
+    #[command(flatten)]
+    load: ui::LoadArgs,
 }
 
 /// Length, sampling and stopping flags, shared by `generate` and `chat` (Transformers' names and defaults).
@@ -179,7 +181,8 @@ fn generate(args: GenerateArgs) -> Result<()> {
     } else {
         Prompt::Text(text)
     };
-    let mut pipe = args.speculation.attach_assistant(ui::load_pipeline(args.model.as_deref())?)?;
+    let mut pipe =
+        args.speculation.attach_assistant(ui::load_pipeline(args.model.as_deref(), &args.load)?, &args.load)?;
     let options = args.sampling.options(&args.speculation);
     if args.json {
         let out = pipe.generate(&prompt, &options, None)?;
@@ -220,13 +223,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
                 s.mean_accepted_per_forward
             ));
         }
+        line.push_str(&ui::lossy_note(&pipe));
         eprintln!("{line}");
     }
     Ok(())
 }
 
 fn info(model: Option<String>) -> Result<()> {
-    let (path, lm) = ui::load_model(model.as_deref())?;
+    let (path, lm) = ui::load_model(model.as_deref(), &ui::LoadArgs::default())?;
     let c = lm.config();
     let quant: Vec<String> = lm.weights.dtypes.iter().map(|(d, n)| format!("{d}×{n}")).collect();
     println!("model:          {}", path.display());

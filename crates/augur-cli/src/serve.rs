@@ -97,6 +97,8 @@ pub struct ServeArgs {
     threads: Option<usize>,
     #[command(flatten)]
     pub(crate) speculation: SpeculationArgs,
+    #[command(flatten)]
+    load: crate::ui::LoadArgs,
 }
 
 pub fn serve(args: ServeArgs) -> Result<()> {
@@ -148,6 +150,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         speculation_max_load: args.speculation_max_load,
         speculation: args.speculation.options(),
     };
-    let (model, speculation) = (args.model, args.speculation);
-    augur_server::serve(move || speculation.attach_assistant(crate::ui::load_pipeline(model.as_deref())?), config)
+    let (model, speculation, load) = (args.model, args.speculation, args.load);
+    augur_server::serve(
+        move || speculation.attach_assistant(crate::ui::load_pipeline(model.as_deref(), &load)?, &load),
+        config,
+    )
 }

@@ -98,10 +98,11 @@ impl SpeculationArgs {
     }
 
     /// Attaches `--assistant-model` (and its `--assistant-tokenizer`) to the pipeline, when given.
-    pub fn attach_assistant(&self, mut pipe: Pipeline) -> Result<Pipeline> {
+    pub fn attach_assistant(&self, mut pipe: Pipeline, load: &crate::ui::LoadArgs) -> Result<Pipeline> {
         if let Some(a) = &self.assistant_model {
             let path = crate::ui::resolve(Some(a))?.to_string_lossy().into_owned();
-            pipe = crate::ui::while_loading("loading the assistant", || pipe.with_assistant(&path))?;
+            let opts = load.options();
+            pipe = crate::ui::while_loading("loading the assistant", || pipe.with_assistant_loaded_with(&path, &opts))?;
             if let Some(t) = &self.assistant_tokenizer {
                 pipe = pipe.with_assistant_tokenizer(t)?;
             }

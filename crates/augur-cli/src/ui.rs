@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Result;
 use augur::io::catalogue::Model;
 use augur::io::pull::{PlainProgress, Progress};
+use augur::models::{LoadOptions, QuantizeOnLoad};
 use augur::pipeline::{LoadedLm, Pipeline};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -87,17 +88,45 @@ pub fn while_loading<T>(what: &str, f: impl FnOnce() -> T) -> T {
     out
 }
 
+/// How the models load, beside `--model`.
+#[derive(clap::Args, Clone, Default)]
+pub struct LoadArgs {
+    /// Quantize a Hugging Face checkpoint's float weights as they load, to q8_0 or q4_k (the assistant's too),
+    /// for speed. LOSSY: the outputs are no longer the checkpoint's (nor Transformers'). A GGUF file refuses it.
+    #[arg(long, value_name = "TYPE", value_parser = parse_quantize)]
+    pub quantize: Option<QuantizeOnLoad>,
+}
+
+fn parse_quantize(name: &str) -> std::result::Result<QuantizeOnLoad, String> {
+    QuantizeOnLoad::parse(name).map_err(|e| e.to_string())
+}
+
+impl LoadArgs {
+    pub fn options(&self) -> LoadOptions {
+        LoadOptions { quantize: self.quantize, ..Default::default() }
+    }
+}
+
 /// A model loaded from `--model` (pulled first when it is a missing catalogue model), with a spinner while it
 /// loads.
-pub fn load_model(spec: Option<&str>) -> Result<(PathBuf, LoadedLm)> {
+pub fn load_model(spec: Option<&str>, load: &LoadArgs) -> Result<(PathBuf, LoadedLm)> {
     let path = resolve(spec)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let lm = while_loading(&format!("loading {name}"), || LoadedLm::load(&path, &augur::Device::Cpu))?;
+    let opts = load.options();
+    let lm = while_loading(&format!("loading {name}"), || LoadedLm::load_with(&path, &augur::Device::Cpu, &opts))?;
     Ok((path, lm))
 }
 
 /// The pipeline over `--model`.
-pub fn load_pipeline(spec: Option<&str>) -> Result<Pipeline> {
-    let (_, target) = load_model(spec)?;
+pub fn load_pipeline(spec: Option<&str>, load: &LoadArgs) -> Result<Pipeline> {
+    let (_, target) = load_model(spec, load)?;
     Ok(Pipeline { target, assistant: None, defaults: Default::default() })
+}
+
+/// What the summary line says of a lossy load, if the weights were quantized at load.
+pub fn lossy_note(pipe: &Pipeline) -> String {
+    match pipe.target.weights.quantized_on_load {
+        Some(q) => format!(" [weights quantized to {} at load: lossy]", q.name()),
+        None => String::new(),
+    }
 }

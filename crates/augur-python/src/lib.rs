@@ -178,13 +178,22 @@ fn lock(weights: &Mutex<Option<Weights>>) -> MutexGuard<'_, Option<Weights>> {
 #[pymethods]
 impl Model {
     /// Loads `spec`: a GGUF file, a Hugging Face directory, a catalogue name (pulled when missing) or a repo id
-    /// in the local Hugging Face cache.
+    /// in the local Hugging Face cache; `quantization` (`q8_0`, `q4_k`) quantizes a checkpoint's float weights as
+    /// they load (lossy).
     #[staticmethod]
-    fn load(py: Python<'_>, spec: &str) -> PyResult<Self> {
+    #[pyo3(signature = (spec, quantization=None))]
+    fn load(py: Python<'_>, spec: &str, quantization: Option<&str>) -> PyResult<Self> {
         let (weights, tokenizer, path, config, has_mtp, defaults) = py
             .detach(|| -> augur::Result<_> {
+                let quantize = quantization.map(models::QuantizeOnLoad::parse).transpose()?;
                 let path = resolve_model(Some(spec))?;
                 if models::is_gemma4_assistant(&path)? {
+                    if quantize.is_some() {
+                        return Err(Error::InvalidOption(format!(
+                            "{}: Gemma 4's assistant is not quantized at load",
+                            path.display()
+                        )));
+                    }
                     let config = models::ModelConfig::from_hf_file(&path.join("config.json"))?;
                     let tokenizer = if path.join("tokenizer.json").is_file() {
                         Some(Arc::new(EngineTokenizer::from_hf_dir(&path)?))
@@ -194,7 +203,8 @@ impl Model {
                     let weights = Weights::Gemma4Assistant { path: path.clone(), loaded: None };
                     return Ok((weights, tokenizer, path, config, false, "{}".to_string()));
                 }
-                let lm = LoadedLm::load(&path, &Device::Cpu)?;
+                let opts = models::LoadOptions { quantize, ..Default::default() };
+                let lm = LoadedLm::load_with(&path, &Device::Cpu, &opts)?;
                 let defaults = serde_json::to_string(&lm.defaults).map_err(|e| Error::Generation(e.to_string()))?;
                 let (tokenizer, config, has_mtp) = (Arc::clone(&lm.tokenizer), lm.config().clone(), lm.mtp.is_some());
                 Ok((Weights::Lm(lm), Some(tokenizer), path, config, has_mtp, defaults))

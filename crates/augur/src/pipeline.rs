@@ -150,9 +150,18 @@ pub struct LoadedGemma4Assistant {
 impl Assistant {
     /// Loads the assistant at `path`; a Hugging Face directory without a tokenizer takes `shared` (the target's).
     pub fn load(path: &Path, device: &Device, shared: &Arc<Tokenizer>) -> Result<Self> {
+        Self::load_with(path, device, &models::LoadOptions::default(), shared)
+    }
+
+    /// [`Self::load`] under `opts` (a causal LM's; Gemma 4's assistant takes none).
+    pub fn load_with(
+        path: &Path,
+        device: &Device,
+        opts: &models::LoadOptions,
+        shared: &Arc<Tokenizer>,
+    ) -> Result<Self> {
         if !models::is_gemma4_assistant(path)? {
-            let opts = models::LoadOptions::default();
-            return Ok(Assistant::Lm(LoadedLm::load_sharing(path, device, &opts, Some(shared))?));
+            return Ok(Assistant::Lm(LoadedLm::load_sharing(path, device, opts, Some(shared))?));
         }
         let model = Arc::new(models::load_gemma4_assistant(path, device)?);
         let gc = path.join("generation_config.json");
@@ -289,9 +298,14 @@ impl Pipeline {
     }
 
     /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
-    pub fn with_assistant(mut self, assistant: &str) -> Result<Self> {
+    pub fn with_assistant(self, assistant: &str) -> Result<Self> {
+        self.with_assistant_loaded_with(assistant, &models::LoadOptions::default())
+    }
+
+    /// [`Self::with_assistant`], the assistant loaded under `opts`.
+    pub fn with_assistant_loaded_with(mut self, assistant: &str, opts: &models::LoadOptions) -> Result<Self> {
         let path = resolve_model(Some(assistant))?;
-        self.assistant = Some(Assistant::load(&path, &Device::Cpu, &self.target.tokenizer)?);
+        self.assistant = Some(Assistant::load_with(&path, &Device::Cpu, opts, &self.target.tokenizer)?);
         Ok(self)
     }
 

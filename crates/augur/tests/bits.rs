@@ -131,7 +131,7 @@ fn batched_equal_alone(what: &str, lm: &dyn CausalLm) {
 }
 
 fn load(path: &Path, dequantize: bool) -> Box<dyn CausalLm> {
-    augur::models::load_with(path, &Device::Cpu, &LoadOptions { dequantize })
+    augur::models::load_with(path, &Device::Cpu, &LoadOptions { dequantize, ..Default::default() })
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .model
 }
@@ -302,8 +302,9 @@ fn dense_gguf_and_dequantized_give_every_row_its_bits() {
     }
 }
 
-/// Dense safetensors: the tiny fixtures in f32 (the mixture-of-experts one routes a block's rows to experts in
-/// groups that change with the block), and tiny-llama converted to f16 and bf16.
+/// Dense safetensors, multiplied in their own type (`kernels::dense`): the tiny fixtures in f32 (the
+/// mixture-of-experts one routes a block's rows to experts in groups that change with the block), and
+/// tiny-llama converted to f16 and bf16.
 #[test]
 fn dense_safetensors_give_every_row_its_bits() {
     for name in ["tiny-llama", "tiny-qwen2", "tiny-gemma3", "tiny-deepseek-v3-mtp"] {
@@ -313,7 +314,8 @@ fn dense_safetensors_give_every_row_its_bits() {
         let dir = tiny_llama_as(dtype);
         let w = Weights::open_safetensors(&dir, Architecture::Llama, &Device::Cpu).unwrap();
         assert_eq!(w.dtype_summary().keys().collect::<Vec<_>>(), [&format!("{dtype:?}")]);
-        assert_eq!(w.linear("model.layers.0.mlp.up_proj", 128, 64, false).unwrap().path(), LinearPath::Dense);
+        let own = if dtype == DType::F16 { GgmlDType::F16 } else { GgmlDType::BF16 };
+        assert_eq!(w.linear("model.layers.0.mlp.up_proj", 128, 64, false).unwrap().path(), LinearPath::Own(own));
         check(&format!("tiny-llama {dtype:?}"), load(&dir, false).as_ref());
     }
 }

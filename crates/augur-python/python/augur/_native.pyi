@@ -27,7 +27,7 @@ class Tokenizer:
 
 class Model:
     @staticmethod
-    def load(spec: str) -> "Model": ...
+    def load(spec: str, quantization: Optional[str] = None) -> "Model": ...
     tokenizer: Optional[Tokenizer]
     path: str
     defaults: str

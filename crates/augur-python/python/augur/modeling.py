@@ -92,7 +92,7 @@ class AutoModelForCausalLM:
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
         _refuse_load_kwargs("AutoModelForCausalLM.from_pretrained", kwargs, allowed={
             "device_map": (None, "cpu", "auto"), "dtype": (None, "auto"), "torch_dtype": (None, "auto"),
-            "trust_remote_code": None, "low_cpu_mem_usage": None,
+            "trust_remote_code": None, "low_cpu_mem_usage": None, "quantization": (None, "q8_0", "q4_k"),
         })
         name = str(pretrained_model_name_or_path)
-        return AugurModelForCausalLM(_NativeModel.load(name), name)
+        return AugurModelForCausalLM(_NativeModel.load(name, kwargs.get("quantization")), name)

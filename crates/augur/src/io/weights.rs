@@ -8,23 +8,93 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::config::Architecture;
 use crate::error::{Error, Result};
+use crate::kernels::dense::{DenseMatrix, Float};
+use crate::kernels::mmap::{self, Mmap};
 use crate::kernels::quant::RowReader;
 use crate::nn::{Embedding, Linear, StoredTable};
 
 enum Source {
     /// Tensors are read from the file into memory one at a time (not mapped): the file's pages then stay in the
     /// page cache instead of adding to the process's resident memory next to the weights' own copies.
-    Gguf {
-        content: gguf_file::Content,
-        file: Mutex<File>,
-    },
-    Safetensors {
-        tensors: candle_core::safetensors::MmapedSafetensors,
-    },
+    Gguf { content: gguf_file::Content, file: Mutex<File> },
+    /// The files stay mapped: float weights are multiplied where they lie ([`DenseMatrix`]), never copied.
+    Safetensors { files: Vec<Arc<Mmap>>, tensors: HashMap<String, StoredTensor> },
+}
+
+/// Where a safetensors tensor lies: bytes `start..end` of mapped file `file`.
+struct StoredTensor {
+    file: usize,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// Types a checkpoint's float weights can be quantized to as they load (`--quantize`): lossy against the
+/// checkpoint, for speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantizeOnLoad {
+    Q8_0,
+    Q4K,
+}
+
+impl QuantizeOnLoad {
+    pub const NAMES: &'static str = "q8_0, q4_k";
+
+    pub fn parse(name: &str) -> Result<Self> {
+        match name.to_ascii_lowercase().as_str() {
+            "q8_0" => Ok(Self::Q8_0),
+            "q4_k" => Ok(Self::Q4K),
+            other => {
+                Err(Error::InvalidOption(format!("unknown quantization {other:?}: expected one of {}", Self::NAMES)))
+            }
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Q8_0 => "q8_0",
+            Self::Q4K => "q4_k",
+        }
+    }
+
+    /// The type a weight `in_dim` wide gets: Q4_K needs rows of whole 256-element super-blocks, Q8_0 rows of
+    /// 32-element blocks (a weight with neither stays in its own type, as llama.cpp's quantizer falls back too).
+    fn for_width(self, in_dim: usize) -> Option<GgmlDType> {
+        match self {
+            Self::Q4K if in_dim.is_multiple_of(256) => Some(GgmlDType::Q4K),
+            _ if in_dim.is_multiple_of(32) => Some(GgmlDType::Q8_0),
+            _ => None,
+        }
+    }
+}
+
+/// A float tensor's elements in their stored type, as f32 (exactly; 64-bit values rounded). `None` for a type
+/// that is not a number augur reads.
+fn widen(dtype: safetensors::Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    use safetensors::Dtype::*;
+    fn each<const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> f32) -> Vec<f32> {
+        bytes.chunks_exact(N).map(|c| f(c.try_into().expect("N bytes"))).collect()
+    }
+    Some(match dtype {
+        F64 => each(bytes, |b| f64::from_le_bytes(b) as f32),
+        F32 => each(bytes, f32::from_le_bytes),
+        F16 => each(bytes, |b| half::f16::from_le_bytes(b).to_f32()),
+        BF16 => each(bytes, |b| half::bf16::from_le_bytes(b).to_f32()),
+        I64 => each(bytes, |b| i64::from_le_bytes(b) as f32),
+        I32 => each(bytes, |b| i32::from_le_bytes(b) as f32),
+        I16 => each(bytes, |b| i16::from_le_bytes(b) as f32),
+        I8 => each(bytes, |b: [u8; 1]| b[0] as i8 as f32),
+        U64 => each(bytes, |b| u64::from_le_bytes(b) as f32),
+        U32 => each(bytes, |b| u32::from_le_bytes(b) as f32),
+        U16 => each(bytes, |b| u16::from_le_bytes(b) as f32),
+        U8 | BOOL => each(bytes, |b: [u8; 1]| b[0] as f32),
+        _ => return None,
+    })
 }
 
 pub struct Weights {
@@ -34,6 +104,8 @@ pub struct Weights {
     device: Device,
     /// Dequantize every tensor to f32 at load: the reference path for comparing with another implementation.
     pub dequantize: bool,
+    /// Quantize a checkpoint's float weights at load (lossy; safetensors only).
+    pub quantize: Option<QuantizeOnLoad>,
 }
 
 /// Reads `buf.len()` bytes at `offset` of `file`.
@@ -134,6 +206,7 @@ impl Weights {
             arch,
             device: device.clone(),
             dequantize: false,
+            quantize: None,
         })
     }
 
@@ -180,18 +253,62 @@ impl Weights {
                 ));
             }
         }
-        let tensors = crate::kernels::mmap::safetensors(&files).map_err(|(e, bad)| Error::BadFile {
-            path: bad.unwrap_or_else(|| dir.to_path_buf()),
-            format: "safetensors",
-            reason: e.to_string(),
-        })?;
+        let mut maps = Vec::with_capacity(files.len());
+        let mut tensors = HashMap::new();
+        for (i, f) in files.iter().enumerate() {
+            let map = mmap::map(f).map_err(|e| Error::io(f, e))?;
+            let bad = |reason: String| Error::BadFile { path: f.clone(), format: "safetensors", reason };
+            let (header, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| bad(e.to_string()))?;
+            // The data follows the 8-byte header length and the header; `read_metadata` checked that the
+            // offsets tile exactly the rest of the file.
+            let data = 8 + header;
+            for (name, info) in meta.tensors() {
+                let (start, end) = (data + info.data_offsets.0, data + info.data_offsets.1);
+                let stored = StoredTensor { file: i, dtype: info.dtype, shape: info.shape.clone(), start, end };
+                if tensors.insert(name.clone(), stored).is_some() {
+                    return Err(bad(format!("tensor `{name}` is stored in more than one shard")));
+                }
+            }
+            maps.push(Arc::new(map));
+        }
         Ok(Weights {
-            source: Source::Safetensors { tensors },
+            source: Source::Safetensors { files: maps, tensors },
             path: dir.to_path_buf(),
             arch,
             device: device.clone(),
             dequantize: false,
+            quantize: None,
         })
+    }
+
+    /// A safetensors tensor's entry, with its shape checked.
+    fn stored_tensor<'t>(
+        &self,
+        tensors: &'t HashMap<String, StoredTensor>,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<&'t StoredTensor> {
+        let t = tensors.get(name).ok_or_else(|| self.missing(name.to_string()))?;
+        Self::check_shape(name, &t.shape, shape)?;
+        Ok(t)
+    }
+
+    /// A float weight `[n, k]` of a safetensors file, where it lies, for products on the CPU in its own type;
+    /// `None` for a GGUF file, a dequantized load, another device or another type.
+    fn dense(&self, hf: &str, n: usize, k: usize) -> Result<Option<DenseMatrix>> {
+        let Source::Safetensors { files, tensors } = &self.source else { return Ok(None) };
+        if self.dequantize || !self.device.is_cpu() {
+            return Ok(None);
+        }
+        let t = self.stored_tensor(tensors, hf, &[n, k])?;
+        let float = match t.dtype {
+            safetensors::Dtype::F32 => Float::F32,
+            safetensors::Dtype::F16 => Float::F16,
+            safetensors::Dtype::BF16 => Float::BF16,
+            _ => return Ok(None),
+        };
+        let file: crate::kernels::dense::Bytes = files[t.file].clone();
+        Ok(DenseMatrix::new(file, t.start, float, n, k))
     }
 
     pub fn is_gguf(&self) -> bool {
@@ -213,7 +330,7 @@ impl Weights {
         let name = self.stored_name(hf);
         match &self.source {
             Source::Gguf { content, .. } => content.tensor_infos.contains_key(&name),
-            Source::Safetensors { tensors } => tensors.get(&name).is_ok(),
+            Source::Safetensors { tensors, .. } => tensors.contains_key(&name),
         }
     }
 
@@ -265,18 +382,20 @@ impl Weights {
             Source::Gguf { content, file } => {
                 Ok(self.qtensor(content, file, &name, shape)?.dequantize(&self.device)?)
             }
-            Source::Safetensors { tensors } => {
-                let view = tensors.get(&name).map_err(|_| self.missing(name.clone()))?;
-                Self::check_shape(&name, view.shape(), shape)?;
-                let t = tensors.load(&name, &self.device)?;
-                Ok(t.to_dtype(DType::F32)?)
+            Source::Safetensors { files, tensors } => {
+                let t = self.stored_tensor(tensors, &name, shape)?;
+                let values = widen(t.dtype, &files[t.file][t.start..t.end]).ok_or_else(|| Error::BadFile {
+                    path: self.path.clone(),
+                    format: "safetensors",
+                    reason: format!("tensor `{name}` holds {:?}, not numbers augur reads", t.dtype),
+                })?;
+                Ok(Tensor::from_vec(values, shape, &self.device)?)
             }
         }
     }
 
     /// A weight used in products as stored (quantized) when it comes from a GGUF file; `None` where it is
-    /// used as dense f32 instead: safetensors (bf16 is widened once here rather than on every product, see the
-    /// CPU notes) or a dequantized load.
+    /// used as dense f32 instead: safetensors off the CPU, or a dequantized load.
     fn quantized(&self, hf: &str, shape: &[usize]) -> Result<Option<Arc<QTensor>>> {
         match &self.source {
             Source::Gguf { content, file } if !self.dequantize => {
@@ -295,6 +414,16 @@ impl Weights {
             if let Some(linear) = Linear::from_stored(dtype, out_dim, in_dim, &mut read, bias_of()?)? {
                 return Ok(linear);
             }
+        }
+        if let Some(dense) = self.dense(&wname, out_dim, in_dim)? {
+            let quantized = self.quantize.and_then(|q| q.for_width(in_dim));
+            return match quantized {
+                Some(dtype) => {
+                    let q = QTensor::quantize(&self.f32(&wname, &[out_dim, in_dim])?, dtype)?;
+                    Linear::new(QMatMul::from_qtensor(q)?, bias_of()?)
+                }
+                None => Ok(Linear::dense(dense, bias_of()?)),
+            };
         }
         let weight = match self.quantized(&wname, &[out_dim, in_dim])? {
             Some(q) => QMatMul::from_arc(q)?,
@@ -325,6 +454,10 @@ impl Weights {
     }
 
     pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
+        if let Some(table) = self.dense(hf, vocab, hidden)? {
+            let hf_prefix = hf.strip_suffix(".weight").unwrap_or(hf).to_string();
+            return Ok(Embedding::Rows { table: Arc::new(table), hf_prefix });
+        }
         if let Source::Gguf { content, .. } = &self.source {
             let name = self.stored_name(hf);
             let info = self.tensor_info(content, &name, &[vocab, hidden])?;
@@ -357,9 +490,9 @@ impl Weights {
                     *out.entry(format!("{:?}", info.ggml_dtype)).or_default() += 1;
                 }
             }
-            Source::Safetensors { tensors } => {
-                for (_, view) in tensors.tensors() {
-                    *out.entry(format!("{:?}", view.dtype())).or_default() += 1;
+            Source::Safetensors { tensors, .. } => {
+                for t in tensors.values() {
+                    *out.entry(format!("{:?}", t.dtype)).or_default() += 1;
                 }
             }
         }
@@ -370,9 +503,7 @@ impl Weights {
     pub fn parameter_count(&self) -> usize {
         match &self.source {
             Source::Gguf { content, .. } => content.tensor_infos.values().map(|i| i.shape.elem_count()).sum(),
-            Source::Safetensors { tensors } => {
-                tensors.tensors().iter().map(|(_, v)| v.shape().iter().product::<usize>()).sum()
-            }
+            Source::Safetensors { tensors, .. } => tensors.values().map(|t| t.shape.iter().product::<usize>()).sum(),
         }
     }
 }

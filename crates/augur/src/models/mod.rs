@@ -23,7 +23,7 @@ pub use registry::{build, SUPPORTED_ARCHITECTURES};
 
 pub use crate::config::{Architecture, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
-pub use crate::io::weights::Weights;
+pub use crate::io::weights::{QuantizeOnLoad, Weights};
 use crate::nn::{KvCache, TreeMask};
 
 /// Which positions of a forward block get logits.
@@ -135,12 +135,19 @@ pub struct WeightsInfo {
     pub parameters: usize,
     /// Storage types with their tensor counts, most frequent first.
     pub dtypes: Vec<(String, usize)>,
+    /// The type the float weights were quantized to at load (lossy), if they were.
+    pub quantized_on_load: Option<QuantizeOnLoad>,
 }
 
 fn info(w: &Weights) -> WeightsInfo {
     let mut dtypes: Vec<_> = w.dtype_summary().into_iter().collect();
     dtypes.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    WeightsInfo { format: if w.is_gguf() { "gguf" } else { "safetensors" }, parameters: w.parameter_count(), dtypes }
+    WeightsInfo {
+        format: if w.is_gguf() { "gguf" } else { "safetensors" },
+        parameters: w.parameter_count(),
+        dtypes,
+        quantized_on_load: w.quantize,
+    }
 }
 
 /// How to load a model.
@@ -149,6 +156,8 @@ pub struct LoadOptions {
     /// Dequantize GGUF weights to f32 (slow; the reference path for comparisons with Transformers, which
     /// dequantizes GGUF files too).
     pub dequantize: bool,
+    /// Quantize a Hugging Face checkpoint's float weights as they load (lossy; refused for a GGUF file).
+    pub quantize: Option<QuantizeOnLoad>,
 }
 
 /// Whether `path` holds Gemma 4's assistant (`Gemma4AssistantForCausalLM`), which drafts from a target's states
@@ -188,10 +197,19 @@ pub fn load_reading_gguf<T>(
         let cfg = ModelConfig::from_hf_file(&path.join("config.json"))?;
         let mut w = Weights::open_safetensors(path, cfg.architecture, device)?;
         w.dequantize = opts.dequantize;
+        w.quantize = opts.quantize;
         let weights_info = info(&w);
         let Built { model, mtp } = build(cfg, &w)?;
         Ok((LoadedModel { model, mtp, weights_info }, None))
     } else if path.is_file() {
+        if let Some(q) = opts.quantize {
+            return Err(Error::InvalidOption(format!(
+                "quantization {} applies to a Hugging Face checkpoint's float weights; {} is a GGUF file, \
+                 quantized already",
+                q.name(),
+                path.display()
+            )));
+        }
         let mut w = Weights::open_gguf(path, device)?;
         w.dequantize = opts.dequantize;
         let content = w.gguf().expect("open_gguf gives GGUF weights");

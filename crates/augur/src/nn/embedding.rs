@@ -10,13 +10,17 @@ use candle_core::{Device, Tensor};
 use super::Linear;
 use crate::error::{Error, Result};
 use crate::io::weights::{read_at, Weights};
+use crate::kernels::dense::DenseMatrix;
+use crate::kernels::quant::QuantKernel;
 
 /// Token embeddings `[vocab, hidden]`. A quantized GGUF table stays in the file: each forward reads and
-/// dequantizes the rows of its tokens, so the table (Qwen2.5-1.5B's is 131 MB) is not resident.
+/// dequantizes the rows of its tokens, so the table (Qwen2.5-1.5B's is 131 MB) is not resident. A safetensors
+/// float table stays in its mapped file, its rows widened as they are looked up.
 #[derive(Clone)]
 pub enum Embedding {
     Dense(Tensor),
     Stored(Arc<StoredTable>),
+    Rows { table: Arc<DenseMatrix>, hf_prefix: String },
 }
 
 /// A GGUF tensor's place in its file, read a row at a time.
@@ -40,6 +44,20 @@ impl Embedding {
         Ok(match self {
             Embedding::Dense(t) => t.embedding(ids)?,
             Embedding::Stored(table) => table.rows(&ids.to_vec1::<u32>()?, ids.device())?,
+            Embedding::Rows { table, hf_prefix } => {
+                let ids = ids.to_vec1::<u32>()?;
+                let mut out = Vec::with_capacity(ids.len() * table.in_features());
+                for &id in &ids {
+                    if id as usize >= table.out_features() {
+                        return Err(Error::InvalidOption(format!(
+                            "token id {id} is outside the {} rows of `{hf_prefix}.weight`",
+                            table.out_features()
+                        )));
+                    }
+                    out.extend(table.row(id as usize));
+                }
+                Tensor::from_vec(out, (ids.len(), table.in_features()), &Device::Cpu)?
+            }
         })
     }
 
@@ -48,6 +66,9 @@ impl Embedding {
         let weight = match self {
             Embedding::Dense(t) => QMatMul::Tensor(t.clone()),
             Embedding::Stored(table) => return w.linear(&table.hf_prefix, table.rows, table.hidden, false),
+            Embedding::Rows { table, hf_prefix } => {
+                return w.linear(hf_prefix, table.out_features(), table.in_features(), false)
+            }
         };
         Linear::new(weight, None)
     }

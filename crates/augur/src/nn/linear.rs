@@ -6,11 +6,12 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
+use crate::kernels::dense::DenseMatrix;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::quant::kquants::SuperBlockMatrix;
 use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated, QuantKernel, RowReader};
 
-/// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense f32.
+/// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense (f32, f16, bf16).
 #[derive(Clone)]
 pub struct Linear {
     weight: LinearWeight,
@@ -20,18 +21,19 @@ pub struct Linear {
 #[derive(Clone)]
 enum LinearWeight {
     Candle(QMatMul),
-    /// Types with our own CPU kernels: the 32-element blocks (`qkernels`), Q4_K and Q6_K (`kquants`).
+    /// Types with our own CPU kernels: the 32-element blocks (`qkernels`), Q4_K and Q6_K (`kquants`), and
+    /// safetensors' float weights in their own type (`kernels::dense`).
     Own(Arc<dyn QuantKernel>),
 }
 
 /// Which product a [`Linear`] runs, for tests that check each one was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinearPath {
-    /// One of our kernels (`qkernels`, `kquants`), for this stored type.
+    /// One of our kernels (`qkernels`, `kquants`; `dense` for F32, F16 and BF16), for this stored type.
     Own(GgmlDType),
     /// candle's quantized product, for this stored type.
     Candle(GgmlDType),
-    /// candle's dense f32 product (safetensors, float GGUF tensors, a dequantized load).
+    /// candle's dense f32 product (float GGUF tensors, a dequantized load, safetensors off the CPU).
     Dense,
 }
 
@@ -69,6 +71,11 @@ impl Linear {
         bias: Option<Tensor>,
     ) -> Result<Option<Self>> {
         Ok(own_kernel(dtype, n, k, read)?.map(|b| Self { weight: LinearWeight::Own(b), bias }))
+    }
+
+    /// A float weight multiplied in its own type where it lies.
+    pub(crate) fn dense(weight: DenseMatrix, bias: Option<Tensor>) -> Self {
+        Self { weight: LinearWeight::Own(Arc::new(weight)), bias }
     }
 
     pub(crate) fn new(weight: QMatMul, bias: Option<Tensor>) -> Result<Self> {

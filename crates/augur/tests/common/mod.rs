@@ -60,7 +60,7 @@ pub fn ids(v: &Value) -> Vec<u32> {
 }
 
 pub fn load(path: &std::path::Path, dequantize: bool) -> LoadedLm {
-    LoadedLm::load_with(path, &augur::Device::Cpu, &LoadOptions { dequantize })
+    LoadedLm::load_with(path, &augur::Device::Cpu, &LoadOptions { dequantize, ..Default::default() })
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
