@@ -496,6 +496,7 @@ fn lost() -> Error {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    augur::threads::quiet_candle_pool();
     m.add_class::<Tokenizer>()?;
     m.add_class::<Model>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

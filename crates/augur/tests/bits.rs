@@ -252,7 +252,7 @@ fn check(what: &str, lm: &dyn CausalLm) {
 }
 
 /// The product this machine runs for a weight of quantized `dtype`: ours on AVX-512 VNNI (Q4_0, Q4_1, Q5_0,
-/// Q8_0, Q4_K, Q6_K) or AVX2 with FMA and F16C (Q4_1 and Q5_0), candle's otherwise.
+/// Q8_0, Q4_K, Q6_K) or AVX2 with FMA and F16C (the four 32-element block types), candle's otherwise.
 fn expected_path(dtype: GgmlDType) -> LinearPath {
     use GgmlDType::*;
     let mut own: &[GgmlDType] = &[];
@@ -263,7 +263,7 @@ fn expected_path(dtype: GgmlDType) -> LinearPath {
             own = if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
                 &[Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K]
             } else {
-                &[Q4_1, Q5_0]
+                &[Q4_0, Q4_1, Q5_0, Q8_0]
             };
         }
     }

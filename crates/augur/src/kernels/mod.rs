@@ -3,10 +3,12 @@
 //! family; the AMX tile products of 16 rows or more in `amx`), the dense products in a checkpoint's own float
 //! type ([`dense`]), SiLU, the thread pool's shared output buffers, and the memory map of safetensors files.
 //!
-//! These are written by hand, the engine's own core, for two reasons. Candle 0.11's quantized dot products are
-//! scalar on x86 for Q4_1 and Q5_0, and its K-type ones pay for verification's extra rows almost in full. And
-//! where candle's kernels change their arithmetic with the number of rows, each kernel here gives a row the
-//! same bits whatever the block it runs in, which keeps greedy speculation lossless bit for bit.
+//! These are written by hand, the engine's own core, for three reasons. Candle 0.11's quantized dot products are
+//! scalar on x86 for Q4_1 and Q5_0, and its K-type ones pay for verification's extra rows almost in full. Its
+//! products run on a barrier pool of its own whose threads spin beside the kernels' rayon threads, which stalls
+//! forwards on a machine with few cores (BENCHMARKS.md). And where candle's kernels change their arithmetic with
+//! the number of rows, each kernel here gives a row the same bits whatever the block it runs in, which keeps
+//! greedy speculation lossless bit for bit.
 //!
 //! The public items are safe. The unsafe functions (intrinsics behind `#[target_feature]`, tiles that write
 //! through raw pointers) are private to their files, or crate-private where another kernel file calls them

@@ -206,12 +206,13 @@ impl BlockMatrix {
         Self::with_layout(q, layout)
     }
 
-    /// `Some` for the block types `layout` has a kernel for on this machine (the row layout: Q4_1 and Q5_0).
+    /// `Some` for the block types `layout` has a kernel for on this machine (the row layout: all four, with AVX2
+    /// or without).
     pub fn with_layout(q: &QTensor, layout: Layout) -> Result<Option<Self>> {
         let Some(kind) = BlockKind::of(q.dtype()) else { return Ok(None) };
         let (n, k) = q.shape().dims2()?;
         let runnable = match layout {
-            Layout::Rows => matches!(kind, BlockKind::Q4_1 | BlockKind::Q5_0),
+            Layout::Rows => true,
             Layout::Interleaved => Simd::detect() == Simd::Avx512,
         };
         if k % QK != 0 || !runnable {
@@ -448,11 +449,10 @@ impl Simd {
 /// [`TILE`]). Every row gets the same arithmetic in the same order whatever the number of rows.
 fn dot_rows(kind: BlockKind, simd: Simd, w: &[u8], acts: &[Q8Block], out: &mut [f32]) {
     let nb = acts.len() / out.len();
-    debug_assert!(matches!(kind, BlockKind::Q4_1 | BlockKind::Q5_0), "{kind:?} in the row layout");
     match simd {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `simd` is what `Simd::detect` found (both callers), so AVX2, FMA and F16C are present; the
-        // row layout, the only one that calls this, holds Q4_1 or Q5_0 only (`with_layout`).
+        // SAFETY: `simd` is what `Simd::detect` found (both callers), so AVX2, FMA and F16C are present; `w` is
+        // a row of whole blocks of `kind` (the row layout's rows).
         Simd::Avx2 | Simd::Avx512 => unsafe {
             match out.len() {
                 1 => avx2::dot_tile::<1>(kind, w, acts, nb, out),
@@ -469,8 +469,8 @@ fn dot_rows(kind: BlockKind, simd: Simd, w: &[u8], acts: &[Q8Block], out: &mut [
     }
 }
 
-/// The weight block's held integers (see [`BlockKind`]), its scale, and its offset `m` (Q4_1) or `−16·d`
-/// (Q5_0); the offset is only used by the row layout, which runs Q4_1 and Q5_0.
+/// The weight block's held integers (see [`BlockKind`]), its scale, and its offset: `m` (Q4_1), else
+/// `−offset·d`.
 fn unpack_scalar(kind: BlockKind, b: &[u8]) -> ([u8; QK], f32, f32) {
     let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
     let mut q = [0u8; QK];
@@ -555,12 +555,13 @@ mod avx2 {
     }
 
     /// `R` activation rows (`acts`: `R × nb` blocks) against one weight row: each weight block is unpacked
-    /// once for all of them.
+    /// once for all of them. Q8_0's signed integers multiply as they are (no offset term): `|q| · (y · sign q)`,
+    /// as llama.cpp's AVX2 code does, since `vpmaddubsw` takes one unsigned operand.
     ///
     /// # Safety
-    /// The CPU supports AVX2, FMA and F16C, and `kind` is Q4_1 or Q5_0: each block's 16 bytes of integers are
-    /// loaded unchecked from offset 4 or 6, which a Q4_0 block is too short for (the other accesses are
-    /// bounds-checked).
+    /// The CPU supports AVX2, FMA and F16C, and `w` holds whole blocks of `kind`: each block's integers (16 bytes,
+    /// 32 for Q8_0) are loaded unchecked from where its layout puts them, the last byte of the block at the
+    /// furthest (the other accesses are bounds-checked).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_tile<const R: usize>(kind: BlockKind, w: &[u8], acts: &[Q8Block], nb: usize, out: &mut [f32]) {
         let bytes = kind.block_bytes();
@@ -571,21 +572,33 @@ mod avx2 {
         for (i, b) in w.chunks_exact(bytes).enumerate() {
             let d = f16_to_f32(b);
             let (qs_at, offset) = match kind {
+                BlockKind::Q4_0 => (2, -8.0 * d),
                 BlockKind::Q4_1 => (4, f16_to_f32(&b[2..])),
-                _ => (6, -16.0 * d),
+                BlockKind::Q5_0 => (6, -16.0 * d),
+                BlockKind::Q8_0 => (2, 0.0),
             };
-            let packed = _mm_loadu_si128(b[qs_at..].as_ptr() as *const __m128i);
-            let lo = _mm_and_si128(packed, low);
-            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-            let mut q = _mm256_set_m128i(hi, lo);
-            if kind == BlockKind::Q5_0 {
-                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-            }
+            let q = if kind == BlockKind::Q8_0 {
+                _mm256_loadu_si256(b[qs_at..].as_ptr() as *const __m256i)
+            } else {
+                let packed = _mm_loadu_si128(b[qs_at..].as_ptr() as *const __m128i);
+                let lo = _mm_and_si128(packed, low);
+                let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+                let mut q = _mm256_set_m128i(hi, lo);
+                if kind == BlockKind::Q5_0 {
+                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                    q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
+                }
+                q
+            };
+            // Q8_0: the magnitudes, the activations taking the weights' signs.
+            let q_unsigned = if kind == BlockKind::Q8_0 { _mm256_sign_epi8(q, q) } else { q };
             for r in 0..R {
                 let a = &acts[r * nb + i];
-                let y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
-                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
+                let mut y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
+                if kind == BlockKind::Q8_0 {
+                    y = _mm256_sign_epi8(y, q);
+                }
+                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q_unsigned, y), ones);
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(prod), acc[r]);
                 offsets[r] += super::offset_term(kind, offset, a);
             }
@@ -926,11 +939,10 @@ pub(super) mod tests {
 
     /// Every layout this machine runs, with the types it takes.
     fn variants() -> Vec<(GgmlDType, Layout)> {
-        let mut v = vec![(GgmlDType::Q4_1, Layout::Rows), (GgmlDType::Q5_0, Layout::Rows)];
+        let kinds = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0];
+        let mut v: Vec<_> = kinds.iter().map(|&kind| (kind, Layout::Rows)).collect();
         if Simd::detect() == Simd::Avx512 {
-            for kind in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0] {
-                v.push((kind, Layout::Interleaved));
-            }
+            v.extend(kinds.iter().map(|&kind| (kind, Layout::Interleaved)));
         }
         v
     }
