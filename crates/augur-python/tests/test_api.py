@@ -75,3 +75,16 @@ def test_sequence_bias_in_transformers_dict_form(tiny_llama):
     biased = tiny_llama.generate(input_ids=[[5, 6, 7]], max_new_tokens=3, eos_token_id=None,
                                  sequence_bias={(first,): -100.0})
     assert biased[0][3] != first
+
+
+def test_quantization_on_load(tiny_tokenizer):
+    """`quantization=` quantizes a checkpoint's float weights at load (lossy): it loads and generates; a name
+    augur lacks and a GGUF file (quantized already) are refused."""
+    import pytest
+
+    ids = tiny_tokenizer("The cat sat on the mat.")["input_ids"]
+    model = augur.AutoModelForCausalLM.from_pretrained(fixture("tiny-llama"), quantization="q8_0")
+    out = model.generate(input_ids=[ids], max_new_tokens=6, eos_token_id=[], do_sample=False)
+    assert len(out[0]) == len(ids) + 6
+    with pytest.raises(ValueError, match="quantization"):
+        augur.AutoModelForCausalLM.from_pretrained(fixture("tiny-llama"), quantization="q3")

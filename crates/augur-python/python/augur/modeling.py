@@ -82,7 +82,9 @@ class AugurModelForCausalLM:
 class AutoModelForCausalLM:
     """`AutoModelForCausalLM.from_pretrained(path_or_name)`: a GGUF file, a Hugging Face model directory, a
     catalogue name (pulled when missing) or a repo id in the local Hugging Face cache. The weights keep their
-    own types (GGUF quantizations, f32/f16/bf16 safetensors); augur runs on the CPU."""
+    own types (GGUF quantizations, f32/f16/bf16 safetensors, multiplied where they lie in the mapped file); augur
+    runs on the CPU. `quantization="q8_0"` or `"q4_k"` quantizes a checkpoint's float weights as they load: faster,
+    and LOSSY (the outputs are no longer the checkpoint's); a GGUF file refuses it."""
 
     def __init__(self):
         raise EnvironmentError("AutoModelForCausalLM is designed to be instantiated using the "
