@@ -252,7 +252,7 @@ fn check(what: &str, lm: &dyn CausalLm) {
 }
 
 /// The product this machine runs for a weight of quantized `dtype`: ours on AVX-512 VNNI (Q4_0, Q4_1, Q5_0,
-/// Q8_0, Q4_K, Q6_K) and on AVX2 with FMA and F16C (the same six, in the file's row layout), candle's otherwise.
+/// Q8_0, Q4_K, Q6_K) or AVX2 with FMA and F16C (the four 32-element block types), candle's otherwise.
 fn expected_path(dtype: GgmlDType) -> LinearPath {
     use GgmlDType::*;
     let mut own: &[GgmlDType] = &[];
@@ -260,7 +260,11 @@ fn expected_path(dtype: GgmlDType) -> LinearPath {
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx2") && has!("fma") && has!("f16c") {
-            own = &[Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K];
+            own = if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                &[Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K]
+            } else {
+                &[Q4_0, Q4_1, Q5_0, Q8_0]
+            };
         }
     }
     if own.contains(&dtype) {

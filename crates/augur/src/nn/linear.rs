@@ -8,7 +8,7 @@ use candle_core::{DType, Module, Tensor};
 use crate::error::Result;
 use crate::kernels::dense::DenseMatrix;
 #[cfg(target_arch = "x86_64")]
-use crate::kernels::quant::kquants::{SuperBlockMatrix, SuperBlockRows};
+use crate::kernels::quant::kquants::SuperBlockMatrix;
 use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated, QuantKernel, RowReader};
 
 /// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense (f32, f16, bf16).
@@ -46,10 +46,6 @@ fn own_kernel(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Res
     if let Some(b) = SuperBlockMatrix::from_stored(dtype, n, k, read)? {
         return Ok(Some(Arc::new(b)));
     }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(b) = SuperBlockRows::from_stored(dtype, n, k, read)? {
-        return Ok(Some(Arc::new(b)));
-    }
     Ok(None)
 }
 
@@ -60,10 +56,6 @@ fn own_kernel_of(q: &QTensor) -> Result<Option<Arc<dyn QuantKernel>>> {
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(b) = SuperBlockMatrix::from_qtensor(q)? {
-        return Ok(Some(Arc::new(b)));
-    }
-    #[cfg(target_arch = "x86_64")]
-    if let Some(b) = SuperBlockRows::from_qtensor(q)? {
         return Ok(Some(Arc::new(b)));
     }
     Ok(None)

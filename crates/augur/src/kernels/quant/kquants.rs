@@ -11,10 +11,6 @@
 //! At load the weights are regrouped by 16 rows, as for the 32-element types (see `blocks32`): one
 //! `vpdpbusd` multiplies 4 weights of each of 16 rows by the same 4 activations, and the 16 sums land in one
 //! register, with no horizontal sums. The regrouped bytes are as many as the file's.
-//!
-//! Machines with AVX2 but not AVX-512 take [`SuperBlockRows`]: the file's rows as they are, one dot product per
-//! weight row and activation row in llama.cpp's AVX2 order (`vpmaddubsw`, then `vpmaddwd` by the sub-block
-//! scales), so that no product goes to candle's kernels and their thread pool.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
@@ -24,7 +20,6 @@ use super::{
     SharedKernel, GROUP,
 };
 use crate::error::{Error, Result};
-use crate::kernels::parallel::{for_each_chunk, SharedOut};
 
 /// Elements per super-block.
 const QK_K: usize = 256;
@@ -317,15 +312,10 @@ impl Q8KRows {
             sum16: Vec::with_capacity(nsb * 16),
             sum32_pairs: Vec::with_capacity(nsb * 4),
         };
-        let simd = avx512::available();
         for (src, dst) in x.chunks_exact(QK_K).zip(rows.qs.chunks_exact_mut(QK_K)) {
-            let (d, sums) = if simd {
-                // SAFETY: AVX-512 F and BW were detected; `src` and `dst` are one super-block each
-                // (`chunks_exact`).
-                unsafe { avx512::quantize_superblock(src, dst) }
-            } else {
-                quantize_superblock_scalar(src, dst)
-            };
+            // SAFETY: only a `SuperBlockMatrix` quantizes activations, and one is only built where
+            // `avx512::available()`; `src` and `dst` are one super-block each (`chunks_exact`).
+            let (d, sums) = unsafe { avx512::quantize_superblock(src, dst) };
             rows.d.push(d);
             for p in sums.chunks_exact(4) {
                 let (a, b) = ((p[0] + p[1]) as i16, (p[2] + p[3]) as i16);
@@ -338,6 +328,7 @@ impl Q8KRows {
 }
 
 /// One super-block of [`Q8KRows`] into `qs`: returns the scale and the sums of each 16 integers.
+#[cfg(test)]
 fn quantize_superblock_scalar(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
     let max = src.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     let d = if max == 0.0 {
@@ -351,228 +342,6 @@ fn quantize_superblock_scalar(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
         1.0 / iscale
     };
     (d, std::array::from_fn(|j| dst[16 * j..16 * (j + 1)].iter().map(|&q| q as i32).sum()))
-}
-
-/// A Q4_K or Q6_K weight `[n, k]` in the file's row layout, for machines with AVX2, FMA and F16C but not
-/// AVX-512 (which take [`SuperBlockMatrix`]).
-#[derive(Debug)]
-pub struct SuperBlockRows {
-    kind: KKind,
-    n: usize,
-    k: usize,
-    data: Vec<u8>,
-}
-
-impl SuperBlockRows {
-    /// `kind` where this layout is the one this machine runs for a weight `k` wide.
-    fn runs_here(kind: Option<KKind>, k: usize) -> Option<KKind> {
-        let f = crate::kernels::cpu::features();
-        kind.filter(|_| k.is_multiple_of(QK_K) && f.avx2_fma_f16c && !avx512::available())
-    }
-
-    /// `Some` for Q4_K and Q6_K where this layout is the one this machine runs.
-    pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
-        let (n, k) = q.shape().dims2()?;
-        let Some(kind) = Self::runs_here(KKind::of(q.dtype()), k) else { return Ok(None) };
-        Self::from_stored(q.dtype(), n, k, &mut rows_of(&q.data()?, k / QK_K * kind.block_bytes()))
-    }
-
-    /// As [`Self::from_qtensor`], from the stored rows.
-    pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
-        let Some(kind) = Self::runs_here(KKind::of(dtype), k) else { return Ok(None) };
-        let data = read(0..n)?;
-        let expected = n * (k / QK_K) * kind.block_bytes();
-        if data.len() != expected {
-            return Err(Error::ShapeMismatch {
-                name: format!("{kind:?} block data of a [{n}, {k}] tensor (bytes)"),
-                expected: vec![expected],
-                actual: vec![data.len()],
-            });
-        }
-        Ok(Some(Self { kind, n, k, data }))
-    }
-
-    /// `x`: `[m, k]` row-major → `[m, n]`.
-    #[cfg(test)]
-    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        self.matmul_first(x, m, self.n)
-    }
-}
-
-/// Activation rows that share each decoded weight super-block in the row layout.
-const TILE: usize = 4;
-
-impl QuantKernel for SuperBlockRows {
-    fn out_features(&self) -> usize {
-        self.n
-    }
-
-    fn dtype(&self) -> GgmlDType {
-        match self.kind {
-            KKind::Q4K => GgmlDType::Q4K,
-            KKind::Q6K => GgmlDType::Q6K,
-        }
-    }
-
-    fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
-        let (n, nsb) = (n.min(self.n), self.k / QK_K);
-        assert_eq!(x.len(), m * self.k, "activations of {m} rows of {}", self.k);
-        let act = Q8KRows::quantize(x, m, self.k);
-        let row_bytes = nsb * self.kind.block_bytes();
-        // `[n, m]`: each weight row gives its m outputs together; transposed at the end.
-        let mut out_t = vec![0f32; n * m];
-        let dst = SharedOut::new(&mut out_t);
-        for_each_chunk(n, |range| {
-            // SAFETY: the chunks of weight rows are disjoint, and so are their outputs.
-            let chunk = unsafe { dst.slice(range.start * m, range.len() * m) };
-            for (i, outs) in chunk.chunks_mut(m).enumerate() {
-                let w = &self.data[(range.start + i) * row_bytes..][..row_bytes];
-                for (t, o) in outs.chunks_mut(TILE).enumerate() {
-                    let (kind, r0) = (self.kind, t * TILE);
-                    // SAFETY: a `SuperBlockRows` is only built where AVX2, FMA and F16C were detected; the tile
-                    // slices `w` and its rows' super-blocks of `act` with bounds checks.
-                    unsafe {
-                        match o.len() {
-                            1 => avx2::dot_tile::<1>(kind, w, &act, r0, nsb, o),
-                            2 => avx2::dot_tile::<2>(kind, w, &act, r0, nsb, o),
-                            3 => avx2::dot_tile::<3>(kind, w, &act, r0, nsb, o),
-                            _ => avx2::dot_tile::<TILE>(kind, w, &act, r0, nsb, o),
-                        }
-                    }
-                }
-            }
-        });
-        if m == 1 {
-            return out_t;
-        }
-        let mut out = vec![0f32; m * n];
-        for (j, outs) in out_t.chunks_exact(m).enumerate() {
-            for (r, v) in outs.iter().enumerate() {
-                out[r * n + j] = *v;
-            }
-        }
-        out
-    }
-}
-
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{KKind, Q8KRows, QK_K};
-
-    /// The f16 at `b[i..i + 2]`, little-endian, as f32.
-    fn f16_at(b: &[u8], i: usize) -> f32 {
-        half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-    }
-
-    /// ggml's `get_scale_min_k4`: the eight six-bit scales and mins of a Q4_K super-block.
-    fn scales_mins(s: &[u8]) -> ([i16; 8], [i32; 8]) {
-        let mut out = ([0i16; 8], [0i32; 8]);
-        for j in 0..8 {
-            let (sc, m) = if j < 4 {
-                (s[j] & 63, s[j + 4] & 63)
-            } else {
-                ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
-            };
-            (out.0[j], out.1[j]) = (sc as i16, m as i32);
-        }
-        out
-    }
-
-    /// 32 bytes of `b` from `at` (bounds-checked) in a register.
-    ///
-    /// # Safety
-    /// The CPU supports AVX.
-    #[inline]
-    #[target_feature(enable = "avx")]
-    unsafe fn load32<T>(b: &[T], at: usize) -> __m256i {
-        let bytes = &b[at..at + 32 / std::mem::size_of::<T>()];
-        _mm256_loadu_si256(bytes.as_ptr() as *const __m256i)
-    }
-
-    /// Weight row `w` (`nsb` super-blocks of `kind`) · activation rows `r0..r0 + R` (`out[r]`): per super-block
-    /// and row the integer dot products of its sub-blocks times their scales, in eight i32 lanes, scaled by
-    /// `d_w · d_a` into eight f32 lanes; the offsets (Q4_K's mins, Q6_K's −32) from the activations' integer sums,
-    /// accumulated apart; at the end the lanes folded, then the offsets added. Each weight super-block is decoded
-    /// once for the `R` rows; each row's arithmetic is the same whatever `R`.
-    ///
-    /// # Safety
-    /// The CPU supports AVX2, FMA and F16C (every load is bounds-checked).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_tile<const R: usize>(
-        kind: KKind,
-        w: &[u8],
-        act: &Q8KRows,
-        r0: usize,
-        nsb: usize,
-        out: &mut [f32],
-    ) {
-        let nibble = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut offsets = [0f32; R];
-        for s in 0..nsb {
-            let b = &w[s * kind.block_bytes()..(s + 1) * kind.block_bytes()];
-            let sb = |r: usize| (r0 + r) * nsb + s;
-            let y: [&[i8]; R] = std::array::from_fn(|r| &act.qs[sb(r) * QK_K..(sb(r) + 1) * QK_K]);
-            let sums: [&[i32]; R] = std::array::from_fn(|r| &act.sum16[sb(r) * 16..(sb(r) + 1) * 16]);
-            let mut sumi = [_mm256_setzero_si256(); R];
-            let (d, offset) = match kind {
-                KKind::Q4K => {
-                    let (scales, mins) = scales_mins(&b[4..16]);
-                    for p in 0..4 {
-                        let q = load32(b, 16 + 32 * p);
-                        let lo = _mm256_and_si256(q, nibble);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nibble);
-                        let (s0, s1) = (_mm256_set1_epi16(scales[2 * p]), _mm256_set1_epi16(scales[2 * p + 1]));
-                        for r in 0..R {
-                            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load32(y[r], 64 * p)), s0);
-                            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load32(y[r], 64 * p + 32)), s1);
-                            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p0, p1));
-                        }
-                    }
-                    let offset = |r: usize| -> (f32, i32) {
-                        let summ = (0..8).map(|j| mins[j] * (sums[r][2 * j] + sums[r][2 * j + 1])).sum();
-                        (-f16_at(b, 2), summ)
-                    };
-                    (f16_at(b, 0), std::array::from_fn::<_, R, _>(offset))
-                }
-                KKind::Q6K => {
-                    let sc = |j: usize| b[192 + j] as i8 as i16;
-                    for h in 0..2 {
-                        let high = load32(b, 128 + 32 * h);
-                        let low = [load32(b, 64 * h), load32(b, 64 * h + 32)];
-                        for t in 0..4 {
-                            let l = if t < 2 { low[t] } else { _mm256_srli_epi16::<4>(low[t - 2]) };
-                            let hb = _mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * t as i32));
-                            let hb = _mm256_slli_epi16::<4>(_mm256_and_si256(hb, _mm256_set1_epi8(3)));
-                            let q = _mm256_or_si256(_mm256_and_si256(l, nibble), hb);
-                            let j = 8 * h + 2 * t;
-                            let scales = _mm256_set_m128i(_mm_set1_epi16(sc(j + 1)), _mm_set1_epi16(sc(j)));
-                            for r in 0..R {
-                                let prod = _mm256_maddubs_epi16(q, load32(y[r], 128 * h + 32 * t));
-                                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(prod, scales));
-                            }
-                        }
-                    }
-                    let d = f16_at(b, 208);
-                    let offset =
-                        |r: usize| -> (f32, i32) { (-32.0 * d, (0..16).map(|j| sc(j) as i32 * sums[r][j]).sum()) };
-                    (d, std::array::from_fn::<_, R, _>(offset))
-                }
-            };
-            for r in 0..R {
-                let da = act.d[sb(r)];
-                let (scale, isum) = offset[r];
-                offsets[r] = (scale * da).mul_add(isum as f32, offsets[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-            }
-        }
-        for r in 0..R {
-            let s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps::<1>(acc[r]));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            out[r] = _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s))) + offsets[r];
-        }
-    }
 }
 
 mod avx512 {
@@ -1104,31 +873,6 @@ mod tests {
         assert_eq!(matmul_silu_gated(&gate, &up, &x, m, k).unwrap(), expected, "gated");
         if tiles {
             assert!(crate::kernels::amx::PRODUCTS.load(Ordering::Relaxed) > before, "no tile product ran");
-        }
-    }
-
-    /// The AVX2 row layout: against candle's kernels (which quantize activations alike), the first outputs
-    /// alone, and each row's result the same bits whatever the other rows.
-    #[test]
-    fn rows_layout_matches_candle_and_rows_are_independent() {
-        let f = crate::kernels::cpu::features();
-        if !f.avx2_fma_f16c || avx512::available() {
-            assert!(SuperBlockRows::from_qtensor(&weights(GgmlDType::Q4K, 1, 256)).unwrap().is_none());
-            return;
-        }
-        for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
-            let (n, k, m) = (70, 768, 7);
-            let q = weights(kind, n, k);
-            let rows = SuperBlockRows::from_qtensor(&q).unwrap().expect("the AVX2 layout on this machine");
-            assert_eq!(rows.dtype(), kind);
-            let x = input(m, k);
-            let y = rows.matmul(&x, m);
-            for r in 0..m {
-                assert_eq!(rows.matmul(&x[r * k..(r + 1) * k], 1), y[r * n..(r + 1) * n], "{kind:?} row {r}");
-            }
-            let first = rows.matmul_first(&x[..k], 1, 5);
-            assert_eq!(first, y[..5], "{kind:?}: the first outputs");
-            assert_matches_candle(q, &x, m, &y, &format!("{kind:?} rows"));
         }
     }
 
