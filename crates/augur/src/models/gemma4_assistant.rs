@@ -79,7 +79,6 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4Assistant> {
             Layer::load(w, &format!("model.layers.{i}"), &cfg, &g, kind, 0, false, false)
         })
         .collect::<Result<Vec<_>>>()?;
-    let embed = w.f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
     let lm_head = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
         w.linear("model.embed_tokens", cfg.vocab_size, h, false)?
     } else {
@@ -111,8 +110,9 @@ pub fn load(cfg: ModelConfig, w: &Weights) -> Result<Gemma4Assistant> {
         None
     };
     let lm_rows = if masked.is_some() {
+        // The masked head scores arbitrary rows of the table: it keeps them widened (the plain head does not).
         let rows = if cfg.tie_word_embeddings || !w.contains("lm_head.weight") {
-            embed
+            w.f32("model.embed_tokens.weight", &[cfg.vocab_size, h])?
         } else {
             w.f32("lm_head.weight", &[cfg.vocab_size, h])?
         };
