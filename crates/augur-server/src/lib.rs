@@ -176,9 +176,11 @@ struct Server {
     tokenizer: Arc<Tokenizer>,
     /// Tokens per sequence: the model's context, or `--ctx-size` below it.
     context: usize,
-    vocab_size: usize,
     /// The model's end-of-sequence ids, which `stop_token_ids` join.
     eos: Vec<u32>,
+    /// The model's generation defaults (its `generation_config.json`), which a request's omitted sampling fields
+    /// take (see [`sampling_defaults`]).
+    model_defaults: GenerationOptions,
     max_tokens_limit: Option<usize>,
     has_assistant: bool,
     /// The default speculation options.
@@ -202,12 +204,14 @@ impl Server {
         }
     }
 
-    /// Every id of `ids` must be in the vocabulary; the first one beyond it is refused, naming `param(i)`.
+    /// Every id of `ids` must be a token of the tokenizer (an embedding row past its vocabulary is padding, no
+    /// token); the first one that is not is refused, naming `param(i)`.
     fn check_vocabulary(&self, ids: &[u32], param: impl Fn(usize) -> String) -> Result<(), ApiError> {
-        match ids.iter().position(|&t| t as usize >= self.vocab_size) {
+        let tokens = self.tokenizer.vocab_size();
+        match ids.iter().position(|&t| t as usize >= tokens || self.tokenizer.id_to_token(t).is_none()) {
             Some(i) => Err(ApiError::param(
                 param(i),
-                format!("token id {} is beyond the vocabulary of {} tokens", ids[i], self.vocab_size),
+                format!("token id {} is no token of the model's vocabulary of {tokens} tokens", ids[i]),
             )),
             None => Ok(()),
         }
@@ -265,8 +269,12 @@ fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
         model_id,
         tokenizer: Arc::clone(&pipe.target.tokenizer),
         context,
-        vocab_size: pipe.target.config().vocab_size,
         eos: pipe.resolve_config(&config.speculation).eos_token_id,
+        model_defaults: {
+            let mut o = pipe.target.defaults.clone();
+            o.merge(&pipe.defaults);
+            o
+        },
         max_tokens_limit: config.max_tokens_limit,
         has_assistant: pipe.assistant.is_some(),
         idle: Mutex::new(vec![first]),
@@ -963,6 +971,19 @@ impl Job {
     }
 }
 
+/// vLLM's sampling defaults: a sampling field the request omits takes the model's generation defaults, else
+/// OpenAI's (temperature 1, top_p 1, no top-k). Transformers' `do_sample` is not read (vLLM does not read it
+/// either): a temperature above 0 samples, so no `top_p`, `top_k` or `min_p` a request sends is ignored.
+fn sampling_defaults(generation: &mut GenerationOptions, model: &GenerationOptions) {
+    if generation.do_sample.is_none() {
+        let t = generation.temperature.or(model.temperature).unwrap_or(1.0);
+        generation.do_sample = Some(t > 0.0);
+        generation.temperature = Some(t).filter(|&t| t > 0.0);
+    }
+    generation.top_k = generation.top_k.or(model.top_k).or(Some(0));
+    generation.top_p = generation.top_p.or(model.top_p).or(Some(1.0));
+}
+
 /// Checks the model, the speculation and the token budget before the request takes a slot.
 fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> Result<Job, ApiError> {
     server.check_model(req.model.as_deref())?;
@@ -991,6 +1012,7 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
             method = Some(*name);
         }
     }
+    sampling_defaults(&mut generation, &server.model_defaults);
     if req.ignore_eos || !req.stop_token_ids.is_empty() {
         let mut eos = if req.ignore_eos { Vec::new() } else { server.eos.clone() };
         eos.extend(req.stop_token_ids.iter().filter(|t| !server.eos.contains(t) || req.ignore_eos));
@@ -1038,6 +1060,12 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         .with(400, "invalid_request_error", "context_length_exceeded"));
     }
     generation.max_new_tokens = Some(max_new);
+    if let Some(min) = generation.min_new_tokens.filter(|&m| m > max_new) {
+        return Err(ApiError::param(
+            "min_tokens",
+            format!("`min_tokens` ({min}) must not be greater than `max_tokens` ({max_new}, its default included)"),
+        ));
+    }
     api::check_knobs(&generation)?;
     let backoff =
         BackoffPolicy { running: Arc::clone(&server.scheduler.running), max_load: server.speculation_max_load };
@@ -1050,6 +1078,7 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         method,
         logprobs: req.logprobs.map(|l| l.top),
         include_stop_str_in_output: Some(req.include_stop),
+        stop_strings_match_prompt: Some(false),
     };
     Ok(Job { req, call })
 }
@@ -1060,10 +1089,52 @@ mod tests {
     use axum::body::Body;
     use tower::ServiceExt;
 
-    fn tiny() -> Pipeline {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama");
-        let target = augur::pipeline::LoadedLm::load(&dir, &augur::Device::Cpu).unwrap();
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    fn load(dir: &std::path::Path) -> Pipeline {
+        let target = augur::pipeline::LoadedLm::load(dir, &augur::Device::Cpu).unwrap();
         Pipeline { target, assistant: None, defaults: GenerationOptions::default() }
+    }
+
+    fn tiny() -> Pipeline {
+        load(&fixture("tiny-llama"))
+    }
+
+    /// A server over `pipe`, loaded, as a router to call in-process.
+    fn serving(pipe: Pipeline, config: &ServeConfig) -> Router {
+        let app = Arc::new(App {
+            server: OnceLock::new(),
+            metrics: Metrics::default(),
+            api_key: None,
+            deadline: watch::channel(false).0,
+        });
+        let router = router(Arc::clone(&app), config).unwrap();
+        let _ = app.server.set(Arc::new(load_server(pipe, config).unwrap()));
+        router
+    }
+
+    /// A copy of tiny-llama under the target directory, with `file`'s JSON changed by `edit`.
+    fn tiny_edited(name: &str, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/test-fixtures")
+            .join(format!("tiny-llama-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(fixture("tiny-llama")).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        let path = dir.join(file);
+        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&path, json.to_string()).unwrap();
+        dir
+    }
+
+    /// tiny-llama with `clean_up_tokenization_spaces` on (" ." → ".").
+    fn tiny_cleaning_up() -> std::path::PathBuf {
+        tiny_edited("clean-up", "tokenizer_config.json", |c| c["clean_up_tokenization_spaces"] = json!(true))
     }
 
     async fn call(app: &Router, method: &str, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
@@ -1106,5 +1177,182 @@ mod tests {
         assert_eq!(call(&router, "GET", "/v1/models", "").await.1["data"][0]["id"], "tiny-llama");
         let (status, body) = call(&router, "POST", "/v1/completions", r#"{"prompt": "a", "max_tokens": 2}"#).await;
         assert_eq!((status, body["usage"]["completion_tokens"].clone()), (StatusCode::OK, json!(2)));
+    }
+
+    /// llama.cpp's server test: a stop string whose start lies in the prompt does not stop the answer (OpenAI,
+    /// vLLM and llama-server match the generated text only).
+    #[tokio::test]
+    async fn a_stop_string_whose_start_lies_in_the_prompt() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let prompt = "Name: Bob\n";
+        let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
+        let (status, plain) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+        let first = text.chars().next().expect("some text");
+        // The prompt's last character and the answer's first: a stop string that spans the two.
+        let stop = format!("\n{first}");
+        let mut stopped = body.clone();
+        stopped["stop"] = json!([stop]);
+        let (status, reply) = call(&router, "POST", "/v1/completions", &stopped.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        let want = text.find(&stop).map_or(text.as_str(), |i| &text[..i]);
+        assert!(!want.is_empty());
+        assert_eq!(reply["choices"][0]["text"], want, "stop {stop:?} in {text:?}");
+    }
+
+    /// With the tokenizer's space clean-up on, a stop string fires at the token that completes it (not when the
+    /// clean-up releases its text), and one completed by the budget's last token ends the answer with `stop`
+    /// instead of leaking into it with `length`.
+    #[tokio::test]
+    async fn stop_strings_match_before_the_space_clean_up() {
+        let dir = tiny_cleaning_up();
+        let pipe = load(&dir);
+        assert!(pipe.target.tokenizer.clean_up_tokenization_spaces());
+        let tokenizer = Arc::clone(&pipe.target.tokenizer);
+        let router = serving(pipe, &ServeConfig::default());
+        let mut found = None;
+        let mut pipe = load(&dir);
+        for prompt in ["The quick brown fox", "Once upon a time", "Hello, my name is", "a b c d e f g", "1 2 3 4"] {
+            // The raw (not cleaned-up) text after each token, from the stream without the clean-up.
+            let tokens = tokenizer.encode(prompt, true).unwrap();
+            let greedy = GenerationOptions { max_new_tokens: Some(32), do_sample: Some(false), ..Default::default() };
+            let out = pipe.generate_ids(&tokens, &greedy, None).unwrap();
+            let mut stream = tokenizer.stream(true).without_clean_up();
+            let mut raw = String::new();
+            for (k, &t) in out.tokens.iter().enumerate() {
+                let piece = stream.push(t).unwrap();
+                raw.push_str(&piece);
+                let chars: Vec<char> = raw.chars().collect();
+                if piece.is_empty() || chars.len() < 3 {
+                    continue;
+                }
+                let stop: String = chars[chars.len() - 2..].iter().collect();
+                let before: String = chars[chars.len().saturating_sub(4)..chars.len() - 2].iter().collect();
+                // The clean-up holds text back after a space: one just before the stop string.
+                let first_at_end = raw.find(&stop) == Some(raw.len() - stop.len());
+                if before.contains(' ') && !stop.contains(' ') && !stop.contains('\u{FFFD}') && first_at_end {
+                    found = Some((prompt, k + 1, stop));
+                    break;
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        let (prompt, k, stop) = found.expect("a stop string right after a space in some greedy answer");
+        for max_tokens in [k, 32] {
+            let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stop": [stop]});
+            let (status, reply) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+            assert_eq!(status, StatusCode::OK);
+            let text = reply["choices"][0]["text"].as_str().unwrap();
+            assert!(!text.contains(&stop), "{stop:?} leaked into {text:?} (max_tokens {max_tokens})");
+            assert_eq!(reply["choices"][0]["finish_reason"], "stop", "max_tokens {max_tokens}");
+            assert_eq!(reply["usage"]["completion_tokens"], k, "the stop string's token ends it");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    async fn text(router: &Router, body: serde_json::Value) -> String {
+        let (status, reply) = call(router, "POST", "/v1/completions", &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        reply["choices"][0]["text"].as_str().unwrap().to_string()
+    }
+
+    /// vLLM's defaults: a request with no `temperature` samples at OpenAI's temperature 1 (the tiny model's
+    /// generation config sets none), honouring the `top_p` it sends; a model's generation defaults fill what a
+    /// request omits.
+    #[tokio::test]
+    async fn omitted_sampling_fields_take_the_model_defaults_else_openais() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let body = |extra: serde_json::Value| {
+            let mut b = json!({"prompt": "Once upon a time", "max_tokens": 12});
+            b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            b
+        };
+        let mut omitted = Vec::new();
+        for seed in 0..4 {
+            let implicit = text(&router, body(json!({"top_p": 0.95, "seed": seed}))).await;
+            let explicit = text(&router, body(json!({"top_p": 0.95, "seed": seed, "temperature": 1.0}))).await;
+            assert_eq!(implicit, explicit, "seed {seed}: no temperature is temperature 1");
+            let nucleus = text(&router, body(json!({"top_p": 0.95, "seed": seed, "temperature": 1.0, "top_k": -1})));
+            assert_eq!(implicit, nucleus.await, "seed {seed}: OpenAI has no top-k");
+            omitted.push(implicit);
+        }
+        let greedy = text(&router, body(json!({"temperature": 0}))).await;
+        omitted.dedup();
+        assert!(omitted.len() > 1 && omitted.iter().any(|t| *t != greedy), "sampled, not greedy: {omitted:?}");
+
+        // A model whose generation config says temperature 0.5 and top-k 5: what the request omits comes from it.
+        let mut pipe = tiny();
+        pipe.target.defaults.temperature = Some(0.5);
+        pipe.target.defaults.top_k = Some(5);
+        pipe.target.defaults.do_sample = Some(false);
+        let router = serving(pipe, &ServeConfig::default());
+        let tiny_router = serving(tiny(), &ServeConfig::default());
+        for seed in 0..4 {
+            let implicit = text(&router, body(json!({"seed": seed}))).await;
+            let explicit = text(&tiny_router, body(json!({"seed": seed, "temperature": 0.5, "top_k": 5}))).await;
+            assert_eq!(implicit, explicit, "seed {seed}: the model's temperature and top-k");
+        }
+    }
+
+    /// An id below the embedding's rows but past the tokenizer's vocabulary is padding, no token: refused in
+    /// `logit_bias`, `stop_token_ids` and `/detokenize`, naming the field.
+    #[tokio::test]
+    async fn ids_that_no_token_has_are_refused() {
+        // tiny-llama whose tokenizer lacks its last token (and the merge that makes it): row 447 is padding.
+        let dir = tiny_edited("padded", "tokenizer.json", |t| {
+            let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+            let last = vocab.iter().max_by_key(|(_, id)| id.as_u64()).map(|(k, _)| k.clone()).unwrap();
+            vocab.remove(&last);
+            let merges = t["model"]["merges"].as_array_mut().unwrap();
+            merges.retain(|m| {
+                let parts: Vec<String> = match m {
+                    serde_json::Value::String(s) => s.split(' ').map(str::to_string).collect(),
+                    other => other.as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect(),
+                };
+                parts.concat() != last && !parts.contains(&last)
+            });
+        });
+        let pipe = load(&dir);
+        assert_eq!((pipe.target.tokenizer.vocab_size(), pipe.target.config().vocab_size), (447, 448));
+        let router = serving(pipe, &ServeConfig::default());
+        for (path, body, param) in [
+            ("/v1/completions", json!({"prompt": "a", "logit_bias": {"447": 5}}), "logit_bias"),
+            ("/v1/completions", json!({"prompt": "a", "stop_token_ids": [5, 447]}), "stop_token_ids[1]"),
+            ("/detokenize", json!({"tokens": [447]}), "tokens[0]"),
+        ] {
+            let (status, reply) = call(&router, "POST", path, &body.to_string()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {reply}");
+            assert_eq!(reply["error"]["param"], param, "{body}");
+        }
+        let ok = json!({"prompt": "a", "logit_bias": {"446": 5}, "stop_token_ids": [446], "max_tokens": 2});
+        assert_eq!(call(&router, "POST", "/v1/completions", &ok.to_string()).await.0, StatusCode::OK);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// llama.cpp's server test of a large `logit_bias`: OpenAI's 300 entries all apply (299 tokens banned, one
+    /// pushed up: every token generated is that one); a 301st is refused.
+    #[tokio::test]
+    async fn a_large_logit_bias() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let favourite = 300;
+        let mut bias: serde_json::Map<String, serde_json::Value> =
+            (1..300).map(|i| (i.to_string(), json!(-100))).collect();
+        bias.insert(favourite.to_string(), json!(100));
+        let body = json!({"prompt": "Once upon a time", "max_tokens": 8, "logprobs": 0, "logit_bias": bias,
+                          "ignore_eos": true, "seed": 3});
+        let (status, reply) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        let tokenizer = augur::pipeline::load_tokenizer(&fixture("tiny-llama")).unwrap();
+        let want = tokenizer.decode(&[favourite], false).unwrap();
+        let tokens = reply["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+        assert_eq!(tokens.len(), 8);
+        assert!(tokens.iter().all(|t| *t == json!(want)), "{tokens:?}");
+        bias.insert("301".into(), json!(1));
+        let (status, reply) =
+            call(&router, "POST", "/v1/completions", &json!({"prompt": "a", "logit_bias": bias}).to_string()).await;
+        assert_eq!((status, &reply["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("logit_bias")));
     }
 }
