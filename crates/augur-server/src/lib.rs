@@ -1013,6 +1013,10 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         }
     }
     sampling_defaults(&mut generation, &server.model_defaults);
+    // A seeded text must not depend on the load (which rounds drafted): each position draws on its own.
+    if generation.seed.is_some() {
+        generation.sample_by_position = Some(true);
+    }
     if req.ignore_eos || !req.stop_token_ids.is_empty() {
         let mut eos = if req.ignore_eos { Vec::new() } else { server.eos.clone() };
         eos.extend(req.stop_token_ids.iter().filter(|t| !server.eos.contains(t) || req.ignore_eos));
@@ -1354,5 +1358,55 @@ mod tests {
         let (status, reply) =
             call(&router, "POST", "/v1/completions", &json!({"prompt": "a", "logit_bias": bias}).to_string()).await;
         assert_eq!((status, &reply["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("logit_bias")));
+    }
+
+    /// llama.cpp's "seeded sampling across parallel slots" and vLLM's "seeded row inside a mixed batch": a seeded
+    /// request's text is the same alone, with speculation off, with every round backed off, without the cost
+    /// model, and among 8 concurrent clients (the others unseeded or seeded otherwise), since each position draws
+    /// from its own stream whichever rounds drafted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn seeded_text_does_not_depend_on_which_rounds_drafted() {
+        let prompt = "one two three one two three one two three one two three one two";
+        let seeded = |speculation: serde_json::Value| {
+            json!({"prompt": prompt, "max_tokens": 32, "temperature": 1.0, "seed": 5, "ignore_eos": true,
+                   "speculation": speculation})
+        };
+        let lookup = json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 1});
+        let config = ServeConfig { parallel: 8, speculation_max_load: 64, ..ServeConfig::default() };
+        let router = serving(tiny(), &config);
+        let (status, alone) = call(&router, "POST", "/v1/completions", &seeded(lookup.clone()).to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(alone["usage"]["speculation"]["drafted_tokens"].as_u64() > Some(0), "drafts were proposed");
+        let want = alone["choices"][0]["text"].as_str().unwrap().to_string();
+
+        assert_eq!(text(&router, seeded(json!("off"))).await, want, "speculation off");
+        let mut uncapped = lookup.clone();
+        uncapped["cost_aware_drafting"] = json!(false);
+        assert_eq!(text(&router, seeded(uncapped)).await, want, "without the cost model");
+        // A server whose every sequence backs off (more than 0 running): no round drafts.
+        let backing_off = serving(tiny(), &ServeConfig { speculation_max_load: 0, ..config.clone() });
+        let (_, off) = call(&backing_off, "POST", "/v1/completions", &seeded(lookup.clone()).to_string()).await;
+        assert_eq!(off["usage"]["speculation"]["drafted_tokens"], 0, "every round backed off");
+        assert_eq!(off["choices"][0]["text"], want.as_str(), "backed off");
+
+        let clients: Vec<_> = (0..8)
+            .map(|i| {
+                let router = router.clone();
+                let mut body = seeded(lookup.clone());
+                match i % 4 {
+                    0 | 1 => {}
+                    2 => body["seed"] = json!(100 + i),
+                    _ => drop(body.as_object_mut().unwrap().remove("seed")),
+                }
+                tokio::spawn(async move { (i, call(&router, "POST", "/v1/completions", &body.to_string()).await) })
+            })
+            .collect();
+        for client in clients {
+            let (i, (status, reply)) = client.await.unwrap();
+            assert_eq!(status, StatusCode::OK);
+            if i % 4 < 2 {
+                assert_eq!(reply["choices"][0]["text"], want.as_str(), "client {i} under load");
+            }
+        }
     }
 }

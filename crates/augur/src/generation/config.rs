@@ -159,6 +159,12 @@ generation_fields! {
     sequence_bias: plain SequenceBias = Vec::new(), parse_sequence_bias;
     /// Seed of the sampler; `None` seeds from the OS. Not a Transformers field (it seeds torch globally).
     seed: opt u64 = (), parse_de::<u64>;
+    /// Each position draws from its own random stream, keyed by (seed, position), and speculative verification
+    /// keeps a draft only where it equals the target's own draw at its position (llama.cpp's verification): a
+    /// seeded text is then the same whichever rounds drafted (alone, under load, with or without back-off or
+    /// speculation), still exactly the target's distribution, at a lower acceptance than speculative sampling's
+    /// for sampled drafts. Not a Transformers field; the server sets it for seeded requests.
+    sample_by_position: plain bool = false, parse_de::<bool>;
     /// End-of-sequence token ids; JSON accepts one id or a list. Empty: generation stops only on length.
     eos_token_id: plain Vec<u32> = Vec::new(), parse_token_ids;
     pad_token_id: opt u32 = (), parse_token_id;

@@ -11,7 +11,7 @@ use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{Block, Exact, TreeBlock, TreeVerdict, Verdict, Verifier};
+use super::verify::{self, Block, Exact, TreeBlock, TreeVerdict, Verdict, Verifier};
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
 use crate::nn::TreeMask;
@@ -45,7 +45,7 @@ pub fn generate_with(
         )));
     }
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
-    let mut sampler = Sampler::new(cfg.seed);
+    let mut sampler = Sampler::for_config(cfg);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
     // cost one block and a head, so they are left uncapped.
     let mut cost = if cfg.cost_aware() && !drafter.wants_target_hidden() {
@@ -121,7 +121,12 @@ pub fn generate_with(
             ensemble_weight: cfg.assistant_ensemble_weight,
             do_sample: processor.do_sample(),
         };
-        let Verdict { accepted, next } = verifier.verdict(&block, &mut sampler);
+        let Verdict { accepted, next } =
+            if sampler.is_by_position() && block.do_sample && cfg.assistant_ensemble_weight.is_none() {
+                verify::matching_draws(&block, len, &mut sampler)
+            } else {
+                verifier.verdict(&block, &mut sampler)
+            };
         let verify_seconds = t1.elapsed().as_secs_f64();
         stats.verify_seconds += verify_seconds;
         if let Some(c) = cost.as_mut() {
@@ -186,7 +191,11 @@ fn tree_round(
     let raw = emitter.wants_logprobs().then(|| logits.clone());
     verifier.process_tree(processor, emitter.tokens(), drafts, parents, &mut logits);
     let block = TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_deref(), do_sample: processor.do_sample() };
-    let TreeVerdict { path, next } = verifier.tree_verdict(&block, sampler);
+    let TreeVerdict { path, next } = if sampler.is_by_position() && block.do_sample {
+        verify::matching_tree_draws(&block, len, sampler)
+    } else {
+        verifier.tree_verdict(&block, sampler)
+    };
     let verify_seconds = t1.elapsed().as_secs_f64();
     stats.verify_seconds += verify_seconds;
     let mut tokens: Vec<u32> = path.iter().map(|&i| drafts[i]).collect();
