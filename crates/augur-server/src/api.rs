@@ -680,6 +680,8 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
             "draft_seconds": sum_f(|o| o.stats.draft_seconds),
             "verify_seconds": sum_f(|o| o.stats.verify_seconds),
             "tree_rounds": sum(|o| o.stats.tree_rounds),
+            // Choices whose assistant's context filled up, so that they decoded plainly from there.
+            "context_fallbacks": outs.iter().filter(|o| o.stats.context_fallback_at.is_some()).count(),
         },
     })
 }

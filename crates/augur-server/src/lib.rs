@@ -1121,11 +1121,16 @@ mod tests {
 
     /// A copy of tiny-llama under the target directory, with `file`'s JSON changed by `edit`.
     fn tiny_edited(name: &str, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+        edited("tiny-llama", name, file, edit)
+    }
+
+    /// A copy of fixture `from` under the target directory, with `file`'s JSON changed by `edit`.
+    fn edited(from: &str, name: &str, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../target/test-fixtures")
-            .join(format!("tiny-llama-{name}-{}", std::process::id()));
+            .join(format!("{from}-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for entry in std::fs::read_dir(fixture("tiny-llama")).unwrap() {
+        for entry in std::fs::read_dir(fixture(from)).unwrap() {
             let entry = entry.unwrap();
             std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
         }
@@ -1408,5 +1413,77 @@ mod tests {
                 assert_eq!(reply["choices"][0]["text"], want.as_str(), "client {i} under load");
             }
         }
+    }
+
+    /// A text prompt of at least `tokens` tokens (a repeated phrase, which prompt lookup finds matches in).
+    fn long_prompt(tokenizer: &Tokenizer, tokens: usize) -> (String, usize) {
+        let mut prompt = String::new();
+        loop {
+            let n = tokenizer.encode(&prompt, true).unwrap().len();
+            if n >= tokens {
+                return (prompt, n);
+            }
+            prompt.push_str("one two three four ");
+        }
+    }
+
+    /// llama.cpp's "the context is never exceeded with speculation on": a request that fills the context to its
+    /// last token, with chains and with trees (whose nodes each take a place in the cache), completes.
+    #[tokio::test]
+    async fn the_context_is_never_exceeded_with_speculation_on() {
+        let mut pipe = tiny();
+        let assistant = fixture("tiny-llama-assistant");
+        pipe.assistant =
+            Some(augur::pipeline::Assistant::load(&assistant, &augur::Device::Cpu, &pipe.target.tokenizer).unwrap());
+        let context = pipe.target.config().max_position_embeddings;
+        let (prompt, n) = long_prompt(&pipe.target.tokenizer, context - 40);
+        let router = serving(pipe, &ServeConfig::default());
+        for speculation in [
+            json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 1}),
+            json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 1,
+                   "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 32, "cost_aware_drafting": false}),
+            json!({"method": "assistant_model", "num_assistant_tokens": 6, "cost_aware_drafting": false}),
+            json!({"method": "assistant_model", "num_assistant_tokens": 6, "speculative_eagle_topk": 3,
+                   "speculative_num_draft_tokens": 24, "assistant_confidence_threshold": 0.9,
+                   "cost_aware_drafting": false}),
+        ] {
+            let body = json!({"prompt": prompt, "max_tokens": context - n, "temperature": 0, "ignore_eos": true,
+                              "speculation": speculation});
+            let (status, reply) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{speculation}: {reply}");
+            assert_eq!(reply["usage"]["completion_tokens"], context - n, "{speculation}");
+            assert!(reply["usage"]["speculation"]["drafted_tokens"].as_u64() > Some(0), "{speculation}: drafted");
+        }
+    }
+
+    /// An assistant whose context is shorter than the target's drafts while it has room, is cut to that room,
+    /// then the request decodes plainly to its end, which the usage reports; the text is plain greedy's.
+    #[tokio::test]
+    async fn an_assistant_with_a_shorter_context_falls_back_to_plain() {
+        let short =
+            edited("tiny-llama-assistant", "short", "config.json", |c| c["max_position_embeddings"] = json!(300));
+        let mut pipe = tiny();
+        let assistant = augur::pipeline::Assistant::load(&short, &augur::Device::Cpu, &pipe.target.tokenizer).unwrap();
+        assert_eq!(assistant.config().max_position_embeddings, 300);
+        pipe.assistant = Some(assistant);
+        let (prompt, n) = long_prompt(&pipe.target.tokenizer, 280);
+        assert!(n < 300);
+        let router = serving(pipe, &ServeConfig::default());
+        let body = |speculation: serde_json::Value| {
+            json!({"prompt": prompt, "max_tokens": 60, "temperature": 0, "ignore_eos": true,
+                   "speculation": speculation})
+        };
+        for tree in [1, 3] {
+            let speculation = json!({"method": "assistant_model", "num_assistant_tokens": 8,
+                                     "speculative_eagle_topk": tree, "cost_aware_drafting": false});
+            let (status, reply) = call(&router, "POST", "/v1/completions", &body(speculation).to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let usage = &reply["usage"];
+            assert!(usage["speculation"]["drafted_tokens"].as_u64() > Some(0), "drafted while it had room");
+            assert_eq!(usage["speculation"]["context_fallbacks"], 1, "{usage}");
+            assert_eq!(usage["completion_tokens"], 60);
+            assert_eq!(reply["choices"][0]["text"], text(&router, body(json!("off"))).await.as_str());
+        }
+        let _ = std::fs::remove_dir_all(&short);
     }
 }

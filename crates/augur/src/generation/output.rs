@@ -37,6 +37,9 @@ pub struct GenerationStats {
     /// Speculative rounds that verified a tree of drafts (`speculative_eagle_topk` above 1) with more than one
     /// branch.
     pub tree_rounds: usize,
+    /// The sequence length at which the drafter's own context (a shorter assistant's) was full: from there on
+    /// the request decoded plainly.
+    pub context_fallback_at: Option<usize>,
     /// Per speculative round: drafts proposed and drafts kept (Transformers' `n`, after the EOS and length
     /// cut).
     #[serde(skip)]

@@ -54,11 +54,20 @@ pub fn generate_with(
         None
     };
     stats.method = drafter.method().into();
+    let context = target.config().max_position_embeddings;
     while !emitter.is_finished() {
-        // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
-        let mut max_drafts = emitter.remaining().saturating_sub(1);
+        // The target adds one token of its own, so at most `remaining − 1` drafts can be kept; and every draft
+        // (every node of a tree) takes a place in the target's cache, and in the drafter's own.
+        let len = emitter.tokens().len();
+        let room = context.saturating_sub(len);
+        let drafter_room = drafter.context_room(len);
+        if drafter_room == Some(0) && stats.context_fallback_at.is_none() {
+            stats.context_fallback_at = Some(len);
+        }
+        let room = room.min(drafter_room.unwrap_or(usize::MAX));
+        let mut max_drafts = emitter.remaining().saturating_sub(1).min(room);
         let cap = cost.as_mut().map_or(DraftCap::Unlimited, |c| c.next_cap(emitter.remaining()));
-        let plain_step = cap == DraftCap::AtMost(0);
+        let plain_step = cap == DraftCap::AtMost(0) || stats.context_fallback_at.is_some();
         if let DraftCap::AtMost(g) = cap {
             max_drafts = max_drafts.min(g);
         }
@@ -77,8 +86,8 @@ pub fn generate_with(
         let draft = match (&draft.parents, cap) {
             // A node is a verification row: the cost model's cap on a chain's rows caps the tree's (its first
             // nodes, which come first in the drafter's order of preference).
-            (Some(_), DraftCap::AtMost(g)) => draft.within_depth(max_drafts).first_nodes(g),
-            (Some(_), DraftCap::Unlimited) => draft.within_depth(max_drafts),
+            (Some(_), DraftCap::AtMost(g)) => draft.within_depth(max_drafts).first_nodes(g.min(room)),
+            (Some(_), DraftCap::Unlimited) => draft.within_depth(max_drafts).first_nodes(room),
             (None, _) => draft,
         };
         if draft.parents.is_some() && !draft.tokens.is_empty() && target.supports_tree() {
@@ -111,7 +120,6 @@ pub fn generate_with(
         }
         let mut rows = logits_rows(&out, TARGET, cached + feed.len() - (gamma + 1))?;
 
-        let len = emitter.tokens().len();
         let raw = emitter.wants_logprobs().then(|| rows.clone());
         verifier.process(&processor, emitter.tokens(), drafts, &mut rows);
         let block = Block {
