@@ -52,7 +52,7 @@ impl ApiError {
 /// The most draft tokens a request may ask for per round, and the largest n-gram prompt lookup may match: beyond
 /// them a round's forward only grows (the target checks every draft) without more being accepted.
 pub const MAX_DRAFT_TOKENS: usize = 128;
-pub const MAX_NGRAM_SIZE: usize = 32;
+pub use augur::generation::config::MAX_MATCHING_NGRAM_SIZE as MAX_NGRAM_SIZE;
 /// Branches of a tree draft (`speculative_eagle_topk`).
 pub const MAX_TREE_BRANCHES: usize = 16;
 /// The most tokens universal assisted decoding may re-tokenize per round.
