@@ -115,52 +115,80 @@ impl Default for ServeConfig {
     }
 }
 
-/// Admission: at most `slots` sequences run, at most `queue` wait.
+/// Admission, first come first served: at most `slots` sequences run, at most `queue` requests wait, and they
+/// are admitted in the order they came (a request for `n` choices is not passed by later smaller ones).
 struct Scheduler {
     slots: usize,
     queue: usize,
-    /// (running, waiting)
-    state: Mutex<(usize, usize)>,
+    state: Mutex<Admission>,
     freed: Condvar,
     /// Running sequences, read by every sequence's back-off policy.
     running: Arc<AtomicUsize>,
+}
+
+#[derive(Debug, Default)]
+struct Admission {
+    running: usize,
+    waiting: usize,
+    /// The ticket the next request to arrive takes, and the ticket admitted next.
+    next_ticket: u64,
+    serving: u64,
 }
 
 /// `n` slots, given back on drop.
 struct Permit<'a>(&'a Scheduler, usize);
 
 impl Scheduler {
-    fn state(&self) -> MutexGuard<'_, (usize, usize)> {
+    fn new(slots: usize, queue: usize) -> Self {
+        Scheduler {
+            slots,
+            queue,
+            state: Mutex::new(Admission::default()),
+            freed: Condvar::new(),
+            running: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Admission> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for `n` slots at once (a request's choices start together, and no request holds slots while it
-    /// waits for more), or returns `None` at once when the queue is full. `n` is at most `slots`.
+    /// waits for more) behind every request that came earlier, or returns `None` at once when the queue is
+    /// full. `n` is at most `slots`.
     fn admit(&self, n: usize) -> Option<Permit<'_>> {
         let mut s = self.state();
-        if s.0 + n > self.slots && s.1 >= self.queue {
+        let first = s.serving == s.next_ticket;
+        if !(first && s.running + n <= self.slots) && s.waiting >= self.queue {
             return None;
         }
-        s.1 += 1;
-        while s.0 + n > self.slots {
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        s.waiting += 1;
+        while s.serving != ticket || s.running + n > self.slots {
             s = self.freed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        s.1 -= 1;
-        s.0 += n;
-        self.running.store(s.0, Ordering::Relaxed);
+        s.waiting -= 1;
+        s.serving += 1;
+        s.running += n;
+        self.running.store(s.running, Ordering::Relaxed);
+        // The next in line may fit too.
+        self.freed.notify_all();
         Some(Permit(self, n))
     }
 
+    /// (running, waiting)
     fn gauges(&self) -> (usize, usize) {
-        *self.state()
+        let s = self.state();
+        (s.running, s.waiting)
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         let mut s = self.0.state();
-        s.0 -= self.1;
-        self.0.running.store(s.0, Ordering::Relaxed);
+        s.running -= self.1;
+        self.0.running.store(s.running, Ordering::Relaxed);
         self.0.freed.notify_all();
     }
 }
@@ -281,13 +309,7 @@ fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
         template: Mutex::new(pipe),
         speculation: config.speculation.clone(),
         speculation_max_load: config.speculation_max_load,
-        scheduler: Scheduler {
-            slots: config.parallel,
-            queue: config.queue,
-            state: Mutex::new((0, 0)),
-            freed: Condvar::new(),
-            running: Arc::new(AtomicUsize::new(0)),
-        },
+        scheduler: Scheduler::new(config.parallel, config.queue),
         next_id: AtomicU64::new(1),
         started: now(),
     })
@@ -552,10 +574,19 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Runs `f` (tokenizing: as long as its text) on tokio's blocking threads, so that the two HTTP workers keep
+/// answering meanwhile.
+async fn off_the_workers(f: impl FnOnce() -> Result<serde_json::Value, ApiError> + Send + 'static) -> Response {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_or_else(error, json_reply),
+        Err(_) => error(internal("the tokenizer's thread panicked")),
+    }
+}
+
 /// `/tokenize`, in vLLM's shape (`prompt` or `messages`, `add_special_tokens`, `add_generation_prompt`) and
 /// llama.cpp's (`content`, `add_special`): the ids, their count and the context.
 async fn tokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<serde_json::Value, ApiError> {
+    let run = move || -> Result<serde_json::Value, ApiError> {
         let server = app.ready()?;
         let b: api::TokenizeBody = api::typed(&body_bytes(body)?)?;
         server.check_model(b.model.as_deref())?;
@@ -572,12 +603,12 @@ async fn tokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>
         .map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": server.context}))
     };
-    run().map_or_else(error, json_reply)
+    off_the_workers(run).await
 }
 
 /// `/detokenize`: `{"tokens": [ids]}` → the text, as vLLM's `prompt` and llama.cpp's `content`.
 async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<serde_json::Value, ApiError> {
+    let run = move || -> Result<serde_json::Value, ApiError> {
         let server = app.ready()?;
         let b: api::DetokenizeBody = api::typed(&body_bytes(body)?)?;
         server.check_model(b.model.as_deref())?;
@@ -585,7 +616,7 @@ async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejectio
         let text = server.tokenizer.decode(&b.tokens, false).map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(json!({"prompt": text, "content": text}))
     };
-    run().map_or_else(error, json_reply)
+    off_the_workers(run).await
 }
 
 async fn completions(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -1485,5 +1516,74 @@ mod tests {
             assert_eq!(reply["choices"][0]["text"], text(&router, body(json!("off"))).await.as_str());
         }
         let _ = std::fs::remove_dir_all(&short);
+    }
+
+    /// Waits (only to catch a hang) until the scheduler's gauges satisfy `done`, and returns them.
+    fn gauges_when(scheduler: &Scheduler, done: impl Fn((usize, usize)) -> bool) -> (usize, usize) {
+        let t0 = Instant::now();
+        loop {
+            let g = scheduler.gauges();
+            if done(g) {
+                return g;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "stuck at {g:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Admission is first come first served: a request for 2 slots waiting for them is not passed by a later
+    /// request for 1 that would fit (before, a steady stream of single requests could hold `n > 1` off forever).
+    #[test]
+    fn admission_is_first_come_first_served() {
+        let scheduler = Scheduler::new(2, 8);
+        let first = scheduler.admit(1).unwrap();
+        std::thread::scope(|s| {
+            let pair = s.spawn(|| {
+                let p = scheduler.admit(2).unwrap();
+                let running = scheduler.gauges().0;
+                drop(p);
+                running
+            });
+            gauges_when(&scheduler, |(_, waiting)| waiting == 1);
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let scheduler = &scheduler;
+            let single = s.spawn(move || {
+                let p = scheduler.admit(1).unwrap();
+                let _ = released.recv();
+                drop(p);
+            });
+            // The single request fits beside `first`, but it came after the pair: it waits.
+            let g = gauges_when(&scheduler, |(running, waiting)| running == 2 || waiting == 2);
+            assert_eq!(g, (1, 2), "the later single request must queue behind the pair");
+            drop(first);
+            assert_eq!(pair.join().unwrap(), 2, "the pair ran with both slots");
+            release.send(()).unwrap();
+            single.join().unwrap();
+        });
+        assert_eq!(scheduler.gauges(), (0, 0));
+    }
+
+    /// `/tokenize` runs off the HTTP workers: on a runtime with one worker, `/health` is answered while a long
+    /// text is being tokenized (before, the tokenizer held the worker until it was done).
+    #[tokio::test(flavor = "current_thread")]
+    async fn tokenize_runs_off_the_http_workers() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let text = "the quick brown fox jumps over the lazy dog ".repeat(10_000);
+        let done = Arc::new(AtomicBool::new(false));
+        let tokenizing = {
+            let (router, done) = (router.clone(), Arc::clone(&done));
+            let body = json!({"prompt": text}).to_string();
+            tokio::spawn(async move {
+                let (status, reply) = call(&router, "POST", "/tokenize", &body).await;
+                done.store(true, Ordering::SeqCst);
+                (status, reply["count"].as_u64())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(call(&router, "GET", "/health", "").await.0, StatusCode::OK);
+        assert!(!done.load(Ordering::SeqCst), "/health waited for the tokenizer");
+        let (status, count) = tokenizing.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(count > Some(50_000));
     }
 }
