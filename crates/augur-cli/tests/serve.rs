@@ -637,8 +637,8 @@ fn a_non_streamed_request_cancelled_by_its_client_stops_generating() {
     let model = smollm2();
     let server = Server::start(&["--model", &model]);
     let a = server.addr.as_str();
-    let body = json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "temperature": 0})
-        .to_string();
+    let body =
+        json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "temperature": 0}).to_string();
     let mut s = TcpStream::connect(a).unwrap();
     let head = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",

@@ -1553,7 +1553,7 @@ mod tests {
                 drop(p);
             });
             // The single request fits beside `first`, but it came after the pair: it waits.
-            let g = gauges_when(&scheduler, |(running, waiting)| running == 2 || waiting == 2);
+            let g = gauges_when(scheduler, |(running, waiting)| running == 2 || waiting == 2);
             assert_eq!(g, (1, 2), "the later single request must queue behind the pair");
             drop(first);
             assert_eq!(pair.join().unwrap(), 2, "the pair ran with both slots");
