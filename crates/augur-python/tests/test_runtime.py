@@ -118,18 +118,24 @@ def test_two_models_as_each_others_assistants_do_not_deadlock(tiny_llama, tiny_a
     ids = tiny_tokenizer("The cat sat")["input_ids"]
     errors = []
 
-    def work(model, assistant):
+    def work(model, assistant=None, new=8):
         try:
-            for _ in range(30):
-                model.generate(input_ids=[ids], max_new_tokens=8, eos_token_id=None, assistant_model=assistant)
+            model.generate(input_ids=[ids], max_new_tokens=new, eos_token_id=None, assistant_model=assistant)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=pair, daemon=True)
-               for pair in [(tiny_llama, tiny_assistant), (tiny_assistant, tiny_llama)]]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)  # only to catch the deadlock
-    assert not any(t.is_alive() for t in threads), "the two generations deadlocked"
+    for _ in range(6):
+        # A long generation holds A while B-with-A and A-with-B line up behind it: when A is free, whichever
+        # of the two takes it next must not be left waiting for the model the other holds.
+        holder = threading.Thread(target=work, args=(tiny_llama, None, 400), daemon=True)
+        holder.start()
+        time.sleep(0.05)
+        pair = [threading.Thread(target=work, args=(tiny_llama, tiny_assistant), daemon=True),
+                threading.Thread(target=work, args=(tiny_assistant, tiny_llama), daemon=True)]
+        for t in pair:
+            t.start()
+            time.sleep(0.02)
+        for t in [holder, *pair]:
+            t.join(60)  # only to catch the deadlock
+        assert not any(t.is_alive() for t in [holder, *pair]), "the two generations deadlocked"
     assert not errors, errors
