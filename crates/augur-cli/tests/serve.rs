@@ -630,6 +630,37 @@ fn a_client_that_leaves_mid_stream_stops_its_generation() {
     assert_eq!(metric(a, "active_sequences"), 0.0);
 }
 
+/// llama.cpp's server test: a non-streamed request whose client leaves stops generating (the connection's close
+/// drops the handler, which cancels the sequence), and frees its slot.
+#[test]
+fn a_non_streamed_request_cancelled_by_its_client_stops_generating() {
+    let model = smollm2();
+    let server = Server::start(&["--model", &model]);
+    let a = server.addr.as_str();
+    let body =
+        json!({"prompt": "Write a long story.", "max_tokens": 4000, "ignore_eos": true, "temperature": 0}).to_string();
+    let mut s = TcpStream::connect(a).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {a}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let t0 = Instant::now();
+    while metric(a, "active_sequences") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the request never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(s);
+    while metric(a, "cancelled_total") < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the generation was not cancelled");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let generated = metric(a, "generation_tokens_total");
+    assert!(generated < 4000.0, "stopped early, after {generated} tokens");
+    assert_eq!(metric(a, "active_sequences"), 0.0);
+}
+
 #[test]
 fn the_api_key_guards_every_endpoint_but_health() {
     let key_file = root().join("target/serve-test-api-key");

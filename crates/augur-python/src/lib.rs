@@ -175,6 +175,22 @@ fn lock(weights: &Mutex<Option<Weights>>) -> MutexGuard<'_, Option<Weights>> {
     weights.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Locks a generation's two models in the order of their addresses, whichever is the target: two generations
+/// that use each other's model as assistant then take the locks in the same order and cannot each hold one
+/// while waiting for the other.
+fn lock_pair<'a>(
+    target: &'a Mutex<Option<Weights>>,
+    assistant: Option<&'a Mutex<Option<Weights>>>,
+) -> (MutexGuard<'a, Option<Weights>>, Option<MutexGuard<'a, Option<Weights>>>) {
+    match assistant {
+        Some(a) if std::ptr::from_ref(a) < std::ptr::from_ref(target) => {
+            let assistant = lock(a);
+            (lock(target), Some(assistant))
+        }
+        _ => (lock(target), assistant.map(lock)),
+    }
+}
+
 #[pymethods]
 impl Model {
     /// Loads `spec`: a GGUF file, a Hugging Face directory, a catalogue name (pulled when missing) or a repo id
@@ -296,7 +312,13 @@ impl Model {
         };
         let (tx, mut rx) = mpsc::channel::<Vec<u32>>();
         let streaming = on_tokens.is_some();
-        let worker = std::thread::spawn(move || job.run(streaming.then_some(tx)));
+        // The sender lives until the job ends, streaming or not: its end is what ends the wait below, which
+        // checks for signals all along (without a streamer too).
+        let worker = std::thread::spawn(move || {
+            let result = job.run(streaming.then(|| tx.clone()));
+            drop(tx);
+            result
+        });
         let stop = |py: Python<'_>, worker: std::thread::JoinHandle<_>, err: PyErr| {
             cancel.store(true, Ordering::Relaxed);
             let _ = py.detach(move || worker.join());
@@ -343,11 +365,10 @@ struct Job {
 }
 
 impl Job {
-    /// Locks the target, then the assistant, builds the pipeline from their weights, runs the rows and puts
+    /// Locks the target and the assistant (see [`lock_pair`]), builds the pipeline from their weights, runs the rows and puts
     /// the weights back, also when a row fails or panics.
     fn run(self, stream: Option<mpsc::Sender<Vec<u32>>>) -> augur::Result<Vec<(Vec<u32>, String, String)>> {
-        let mut target_slot = lock(&self.target);
-        let mut assistant_slot = self.assistant.as_deref().map(lock);
+        let (mut target_slot, mut assistant_slot) = lock_pair(&self.target, self.assistant.as_deref());
         let target = match target_slot.take() {
             Some(Weights::Lm(lm)) => lm,
             other => {

@@ -92,3 +92,50 @@ def test_threads_share_one_model(tiny_llama, tiny_tokenizer):
         t.join(120)
     assert not errors
     assert all(out == expected[p] for p in prompts for out in results[p]) and len(results) == len(prompts)
+
+
+def test_keyboard_interrupt_without_a_streamer_within_half_a_second(qwen, qwen_tokenizer):
+    ids = qwen_tokenizer("Count from one to a thousand:")["input_ids"]
+    interrupted = []
+
+    def interrupt():
+        interrupted.append(time.perf_counter())
+        _thread.interrupt_main()
+
+    timer = threading.Timer(1.0, interrupt)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        # 800 tokens take far longer than the test allows: only the interrupt ends this call in time.
+        qwen.generate(input_ids=[ids], max_new_tokens=800, eos_token_id=None)
+    raised = time.perf_counter()
+    timer.join()
+    assert interrupted and raised - interrupted[0] < 0.5, raised - interrupted[0]
+    out = qwen.generate(input_ids=[ids], max_new_tokens=3)
+    assert len(out[0]) == len(ids) + 3
+
+
+def test_two_models_as_each_others_assistants_do_not_deadlock(tiny_llama, tiny_assistant, tiny_tokenizer):
+    ids = tiny_tokenizer("The cat sat")["input_ids"]
+    errors = []
+
+    def work(model, assistant=None, new=8):
+        try:
+            model.generate(input_ids=[ids], max_new_tokens=new, eos_token_id=None, assistant_model=assistant)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    for _ in range(6):
+        # A long generation holds A while B-with-A and A-with-B line up behind it: when A is free, whichever
+        # of the two takes it next must not be left waiting for the model the other holds.
+        holder = threading.Thread(target=work, args=(tiny_llama, None, 400), daemon=True)
+        holder.start()
+        time.sleep(0.05)
+        pair = [threading.Thread(target=work, args=(tiny_llama, tiny_assistant), daemon=True),
+                threading.Thread(target=work, args=(tiny_assistant, tiny_llama), daemon=True)]
+        for t in pair:
+            t.start()
+            time.sleep(0.02)
+        for t in [holder, *pair]:
+            t.join(60)  # only to catch the deadlock
+        assert not any(t.is_alive() for t in [holder, *pair]), "the two generations deadlocked"
+    assert not errors, errors

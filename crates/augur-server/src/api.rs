@@ -52,7 +52,7 @@ impl ApiError {
 /// The most draft tokens a request may ask for per round, and the largest n-gram prompt lookup may match: beyond
 /// them a round's forward only grows (the target checks every draft) without more being accepted.
 pub const MAX_DRAFT_TOKENS: usize = 128;
-pub const MAX_NGRAM_SIZE: usize = 32;
+pub use augur::generation::config::MAX_MATCHING_NGRAM_SIZE as MAX_NGRAM_SIZE;
 /// Branches of a tree draft (`speculative_eagle_topk`).
 pub const MAX_TREE_BRANCHES: usize = 16;
 /// The most tokens universal assisted decoding may re-tokenize per round.
@@ -60,6 +60,11 @@ pub const MAX_LOOKBEHIND: usize = 1024;
 /// OpenAI's limits: `top_logprobs` up to 20 (vLLM's too), a bias within ±100.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 pub const MAX_LOGIT_BIAS: f64 = 100.0;
+/// OpenAI's limit on `logit_bias` entries.
+pub const MAX_LOGIT_BIAS_ENTRIES: usize = 300;
+/// Stop strings per request and bytes per stop string: every token is checked against all of them.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 256;
 
 /// Which speculation a request asks for, through the extra body field `speculation`.
 #[derive(Debug, Clone, PartialEq)]
@@ -344,15 +349,28 @@ fn speculation(v: Option<&Value>) -> Result<Speculation, ApiError> {
     };
     let method = obj.get("method").and_then(Value::as_str).unwrap_or_default();
     let options = GenerationOptions::from_json_map(obj).map_err(|e| bad(e.to_string()))?;
-    match method {
-        "off" | "none" => return Ok(Speculation::Off),
-        "default" => return Ok(Speculation::Default),
-        _ => {}
+    let (speculation, own) = match method {
+        "off" | "none" => (Speculation::Off, GenerationOptions::default()),
+        "default" => (Speculation::Default, GenerationOptions::default()),
+        _ => {
+            let name: MethodName = method.parse().map_err(|e| bad(format!("speculation {e}")))?;
+            let own = name.own_options(&options).map_err(|e| bad(format!("speculation {e}")))?;
+            (Speculation::Method(name, Box::new(own.clone())), own)
+        }
+    };
+    // A key the method does not read (misspelt, another method's, a sampling field) would be dropped silently.
+    let read = serde_json::to_value(&own).unwrap_or_default();
+    if let Some(key) =
+        obj.keys().find(|k| *k != "method" && !obj[k.as_str()].is_null() && read.get(k.as_str()).is_none())
+    {
+        let at = format!("speculation.{key}");
+        return Err(ApiError::param(
+            at.clone(),
+            format!("`{at}` is not an option of speculation method `{method}` (see the README's request fields)"),
+        ));
     }
-    let name: MethodName = method.parse().map_err(|e| bad(format!("speculation {e}")))?;
-    let options = name.own_options(&options).map_err(|e| bad(format!("speculation {e}")))?;
-    check_knobs(&options)?;
-    Ok(Speculation::Method(name, Box::new(options)))
+    check_knobs(&own)?;
+    Ok(speculation)
 }
 
 /// Bounds on the per-request speculation knobs: a number past them only makes every round's forward longer.
@@ -543,6 +561,11 @@ pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
         options.repetition_penalty = Some(p as f32);
     }
     options.min_new_tokens = b.min_tokens.map(as_usize);
+    if let (Some(min), Some(max)) = (options.min_new_tokens, max_tokens) {
+        if min > max {
+            return Err(refuse("min_tokens", &format!("({min}) must not be greater than `max_tokens` ({max})")));
+        }
+    }
     // Any 64-bit integer seeds the sampler, as OpenAI takes any.
     options.seed = b.seed.map(|s| s as u64);
     options.stop_strings = match b.stop.take() {
@@ -551,8 +574,24 @@ pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
         Some(OneOrMany::Many(v)) => Some(v),
     }
     .filter(|s| !s.is_empty());
-    if options.stop_strings.as_ref().is_some_and(|s| s.iter().any(String::is_empty)) {
+    let stops = options.stop_strings.as_deref().unwrap_or_default();
+    if stops.iter().any(String::is_empty) {
         return Err(refuse("stop", "must not contain an empty string"));
+    }
+    if stops.len() > MAX_STOP_STRINGS {
+        return Err(refuse("stop", &format!("has {} strings; at most {MAX_STOP_STRINGS} are allowed", stops.len())));
+    }
+    if let Some(long) = stops.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(refuse(
+            "stop",
+            &format!("strings may be at most {MAX_STOP_BYTES} bytes long; one is {} bytes", long.len()),
+        ));
+    }
+    if let Some(bias) = b.logit_bias.as_ref().filter(|b| b.len() > MAX_LOGIT_BIAS_ENTRIES) {
+        return Err(refuse(
+            "logit_bias",
+            &format!("has {} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are allowed", bias.len()),
+        ));
     }
     if let Some(bias) = &b.logit_bias {
         let mut biases = Vec::with_capacity(bias.len());
@@ -641,6 +680,8 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
             "draft_seconds": sum_f(|o| o.stats.draft_seconds),
             "verify_seconds": sum_f(|o| o.stats.verify_seconds),
             "tree_rounds": sum(|o| o.stats.tree_rounds),
+            // Choices whose assistant's context filled up, so that they decoded plainly from there.
+            "context_fallbacks": outs.iter().filter(|o| o.stats.context_fallback_at.is_some()).count(),
         },
     })
 }
@@ -878,5 +919,44 @@ mod tests {
             let body: Value = serde_json::from_str(&e.body()).unwrap();
             assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
         }
+    }
+
+    /// The limits a request is held to, each a 400 that names its field: OpenAI's 300 `logit_bias` entries, 16
+    /// stop strings of at most 256 bytes, keys that the speculation method does not read, `min_tokens` above
+    /// `max_tokens`.
+    #[test]
+    fn request_limits_are_400s_naming_the_field() {
+        let bias: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
+        let many_stops: Vec<String> = (0..17).map(|i| format!("s{i}")).collect();
+        for (body, param) in [
+            (json!({"prompt": "a", "logit_bias": bias}), "logit_bias"),
+            (json!({"prompt": "a", "stop": many_stops}), "stop"),
+            (json!({"prompt": "a", "stop": ["x".repeat(257)]}), "stop"),
+            (
+                json!({"prompt": "a", "speculation": {"method": "prompt_lookup", "prompt_lookup_num_token": 3}}),
+                "speculation.prompt_lookup_num_token",
+            ),
+            (
+                json!({"prompt": "a", "speculation": {"method": "prompt_lookup", "num_assistant_tokens": 3}}),
+                "speculation.num_assistant_tokens",
+            ),
+            (
+                json!({"prompt": "a", "speculation": {"method": "assistant_model", "temperature": 0.5}}),
+                "speculation.temperature",
+            ),
+            (
+                json!({"prompt": "a", "speculation": {"method": "off", "prompt_lookup_num_tokens": 3}}),
+                "speculation.prompt_lookup_num_tokens",
+            ),
+            (json!({"prompt": "a", "min_tokens": 9, "max_tokens": 8}), "min_tokens"),
+        ] {
+            let e = err(&body.to_string(), false);
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{body}: {}", e.message);
+            assert!(e.message.contains(param), "{body}: {}", e.message);
+        }
+        let bias: Map<String, Value> = (0..300).map(|i| (i.to_string(), json!(1))).collect();
+        let ok = json!({"prompt": "a", "logit_bias": bias, "stop": vec!["y".repeat(256); 16], "min_tokens": 8,
+                        "max_tokens": 8, "speculation": {"method": "prompt_lookup", "max_matching_ngram_size": 3}});
+        parse(ok.to_string().as_bytes(), false).expect("at the limits");
     }
 }

@@ -115,52 +115,80 @@ impl Default for ServeConfig {
     }
 }
 
-/// Admission: at most `slots` sequences run, at most `queue` wait.
+/// Admission, first come first served: at most `slots` sequences run, at most `queue` requests wait, and they
+/// are admitted in the order they came (a request for `n` choices is not passed by later smaller ones).
 struct Scheduler {
     slots: usize,
     queue: usize,
-    /// (running, waiting)
-    state: Mutex<(usize, usize)>,
+    state: Mutex<Admission>,
     freed: Condvar,
     /// Running sequences, read by every sequence's back-off policy.
     running: Arc<AtomicUsize>,
+}
+
+#[derive(Debug, Default)]
+struct Admission {
+    running: usize,
+    waiting: usize,
+    /// The ticket the next request to arrive takes, and the ticket admitted next.
+    next_ticket: u64,
+    serving: u64,
 }
 
 /// `n` slots, given back on drop.
 struct Permit<'a>(&'a Scheduler, usize);
 
 impl Scheduler {
-    fn state(&self) -> MutexGuard<'_, (usize, usize)> {
+    fn new(slots: usize, queue: usize) -> Self {
+        Scheduler {
+            slots,
+            queue,
+            state: Mutex::new(Admission::default()),
+            freed: Condvar::new(),
+            running: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Admission> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits for `n` slots at once (a request's choices start together, and no request holds slots while it
-    /// waits for more), or returns `None` at once when the queue is full. `n` is at most `slots`.
+    /// waits for more) behind every request that came earlier, or returns `None` at once when the queue is
+    /// full. `n` is at most `slots`.
     fn admit(&self, n: usize) -> Option<Permit<'_>> {
         let mut s = self.state();
-        if s.0 + n > self.slots && s.1 >= self.queue {
+        let first = s.serving == s.next_ticket;
+        if !(first && s.running + n <= self.slots) && s.waiting >= self.queue {
             return None;
         }
-        s.1 += 1;
-        while s.0 + n > self.slots {
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        s.waiting += 1;
+        while s.serving != ticket || s.running + n > self.slots {
             s = self.freed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
-        s.1 -= 1;
-        s.0 += n;
-        self.running.store(s.0, Ordering::Relaxed);
+        s.waiting -= 1;
+        s.serving += 1;
+        s.running += n;
+        self.running.store(s.running, Ordering::Relaxed);
+        // The next in line may fit too.
+        self.freed.notify_all();
         Some(Permit(self, n))
     }
 
+    /// (running, waiting)
     fn gauges(&self) -> (usize, usize) {
-        *self.state()
+        let s = self.state();
+        (s.running, s.waiting)
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
         let mut s = self.0.state();
-        s.0 -= self.1;
-        self.0.running.store(s.0, Ordering::Relaxed);
+        s.running -= self.1;
+        self.0.running.store(s.running, Ordering::Relaxed);
         self.0.freed.notify_all();
     }
 }
@@ -176,9 +204,11 @@ struct Server {
     tokenizer: Arc<Tokenizer>,
     /// Tokens per sequence: the model's context, or `--ctx-size` below it.
     context: usize,
-    vocab_size: usize,
     /// The model's end-of-sequence ids, which `stop_token_ids` join.
     eos: Vec<u32>,
+    /// The model's generation defaults (its `generation_config.json`), which a request's omitted sampling fields
+    /// take (see [`sampling_defaults`]).
+    model_defaults: GenerationOptions,
     max_tokens_limit: Option<usize>,
     has_assistant: bool,
     /// The default speculation options.
@@ -202,12 +232,14 @@ impl Server {
         }
     }
 
-    /// Every id of `ids` must be in the vocabulary; the first one beyond it is refused, naming `param(i)`.
+    /// Every id of `ids` must be a token of the tokenizer (an embedding row past its vocabulary is padding, no
+    /// token); the first one that is not is refused, naming `param(i)`.
     fn check_vocabulary(&self, ids: &[u32], param: impl Fn(usize) -> String) -> Result<(), ApiError> {
-        match ids.iter().position(|&t| t as usize >= self.vocab_size) {
+        let tokens = self.tokenizer.vocab_size();
+        match ids.iter().position(|&t| t as usize >= tokens || self.tokenizer.id_to_token(t).is_none()) {
             Some(i) => Err(ApiError::param(
                 param(i),
-                format!("token id {} is beyond the vocabulary of {} tokens", ids[i], self.vocab_size),
+                format!("token id {} is no token of the model's vocabulary of {tokens} tokens", ids[i]),
             )),
             None => Ok(()),
         }
@@ -265,21 +297,19 @@ fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
         model_id,
         tokenizer: Arc::clone(&pipe.target.tokenizer),
         context,
-        vocab_size: pipe.target.config().vocab_size,
         eos: pipe.resolve_config(&config.speculation).eos_token_id,
+        model_defaults: {
+            let mut o = pipe.target.defaults.clone();
+            o.merge(&pipe.defaults);
+            o
+        },
         max_tokens_limit: config.max_tokens_limit,
         has_assistant: pipe.assistant.is_some(),
         idle: Mutex::new(vec![first]),
         template: Mutex::new(pipe),
         speculation: config.speculation.clone(),
         speculation_max_load: config.speculation_max_load,
-        scheduler: Scheduler {
-            slots: config.parallel,
-            queue: config.queue,
-            state: Mutex::new((0, 0)),
-            freed: Condvar::new(),
-            running: Arc::new(AtomicUsize::new(0)),
-        },
+        scheduler: Scheduler::new(config.parallel, config.queue),
         next_id: AtomicU64::new(1),
         started: now(),
     })
@@ -544,10 +574,19 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Runs `f` (tokenizing: as long as its text) on tokio's blocking threads, so that the two HTTP workers keep
+/// answering meanwhile.
+async fn off_the_workers(f: impl FnOnce() -> Result<serde_json::Value, ApiError> + Send + 'static) -> Response {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_or_else(error, json_reply),
+        Err(_) => error(internal("the tokenizer's thread panicked")),
+    }
+}
+
 /// `/tokenize`, in vLLM's shape (`prompt` or `messages`, `add_special_tokens`, `add_generation_prompt`) and
 /// llama.cpp's (`content`, `add_special`): the ids, their count and the context.
 async fn tokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<serde_json::Value, ApiError> {
+    let run = move || -> Result<serde_json::Value, ApiError> {
         let server = app.ready()?;
         let b: api::TokenizeBody = api::typed(&body_bytes(body)?)?;
         server.check_model(b.model.as_deref())?;
@@ -564,12 +603,12 @@ async fn tokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>
         .map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(json!({"tokens": ids, "count": ids.len(), "max_model_len": server.context}))
     };
-    run().map_or_else(error, json_reply)
+    off_the_workers(run).await
 }
 
 /// `/detokenize`: `{"tokens": [ids]}` → the text, as vLLM's `prompt` and llama.cpp's `content`.
 async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<serde_json::Value, ApiError> {
+    let run = move || -> Result<serde_json::Value, ApiError> {
         let server = app.ready()?;
         let b: api::DetokenizeBody = api::typed(&body_bytes(body)?)?;
         server.check_model(b.model.as_deref())?;
@@ -577,7 +616,7 @@ async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejectio
         let text = server.tokenizer.decode(&b.tokens, false).map_err(|e| ApiError::bad(e.to_string()))?;
         Ok(json!({"prompt": text, "content": text}))
     };
-    run().map_or_else(error, json_reply)
+    off_the_workers(run).await
 }
 
 async fn completions(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -963,6 +1002,19 @@ impl Job {
     }
 }
 
+/// vLLM's sampling defaults: a sampling field the request omits takes the model's generation defaults, else
+/// OpenAI's (temperature 1, top_p 1, no top-k). Transformers' `do_sample` is not read (vLLM does not read it
+/// either): a temperature above 0 samples, so no `top_p`, `top_k` or `min_p` a request sends is ignored.
+fn sampling_defaults(generation: &mut GenerationOptions, model: &GenerationOptions) {
+    if generation.do_sample.is_none() {
+        let t = generation.temperature.or(model.temperature).unwrap_or(1.0);
+        generation.do_sample = Some(t > 0.0);
+        generation.temperature = Some(t).filter(|&t| t > 0.0);
+    }
+    generation.top_k = generation.top_k.or(model.top_k).or(Some(0));
+    generation.top_p = generation.top_p.or(model.top_p).or(Some(1.0));
+}
+
 /// Checks the model, the speculation and the token budget before the request takes a slot.
 fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> Result<Job, ApiError> {
     server.check_model(req.model.as_deref())?;
@@ -990,6 +1042,11 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
             generation.merge(o);
             method = Some(*name);
         }
+    }
+    sampling_defaults(&mut generation, &server.model_defaults);
+    // A seeded text must not depend on the load (which rounds drafted): each position draws on its own.
+    if generation.seed.is_some() {
+        generation.sample_by_position = Some(true);
     }
     if req.ignore_eos || !req.stop_token_ids.is_empty() {
         let mut eos = if req.ignore_eos { Vec::new() } else { server.eos.clone() };
@@ -1038,6 +1095,12 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         .with(400, "invalid_request_error", "context_length_exceeded"));
     }
     generation.max_new_tokens = Some(max_new);
+    if let Some(min) = generation.min_new_tokens.filter(|&m| m > max_new) {
+        return Err(ApiError::param(
+            "min_tokens",
+            format!("`min_tokens` ({min}) must not be greater than `max_tokens` ({max_new}, its default included)"),
+        ));
+    }
     api::check_knobs(&generation)?;
     let backoff =
         BackoffPolicy { running: Arc::clone(&server.scheduler.running), max_load: server.speculation_max_load };
@@ -1050,6 +1113,7 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         method,
         logprobs: req.logprobs.map(|l| l.top),
         include_stop_str_in_output: Some(req.include_stop),
+        stop_strings_match_prompt: Some(false),
     };
     Ok(Job { req, call })
 }
@@ -1060,10 +1124,57 @@ mod tests {
     use axum::body::Body;
     use tower::ServiceExt;
 
-    fn tiny() -> Pipeline {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama");
-        let target = augur::pipeline::LoadedLm::load(&dir, &augur::Device::Cpu).unwrap();
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    }
+
+    fn load(dir: &std::path::Path) -> Pipeline {
+        let target = augur::pipeline::LoadedLm::load(dir, &augur::Device::Cpu).unwrap();
         Pipeline { target, assistant: None, defaults: GenerationOptions::default() }
+    }
+
+    fn tiny() -> Pipeline {
+        load(&fixture("tiny-llama"))
+    }
+
+    /// A server over `pipe`, loaded, as a router to call in-process.
+    fn serving(pipe: Pipeline, config: &ServeConfig) -> Router {
+        let app = Arc::new(App {
+            server: OnceLock::new(),
+            metrics: Metrics::default(),
+            api_key: None,
+            deadline: watch::channel(false).0,
+        });
+        let router = router(Arc::clone(&app), config).unwrap();
+        let _ = app.server.set(Arc::new(load_server(pipe, config).unwrap()));
+        router
+    }
+
+    /// A copy of tiny-llama under the target directory, with `file`'s JSON changed by `edit`.
+    fn tiny_edited(name: &str, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+        edited("tiny-llama", name, file, edit)
+    }
+
+    /// A copy of fixture `from` under the target directory, with `file`'s JSON changed by `edit`.
+    fn edited(from: &str, name: &str, file: &str, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../target/test-fixtures")
+            .join(format!("{from}-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for entry in std::fs::read_dir(fixture(from)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        }
+        let path = dir.join(file);
+        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut json);
+        std::fs::write(&path, json.to_string()).unwrap();
+        dir
+    }
+
+    /// tiny-llama with `clean_up_tokenization_spaces` on (" ." → ".").
+    fn tiny_cleaning_up() -> std::path::PathBuf {
+        tiny_edited("clean-up", "tokenizer_config.json", |c| c["clean_up_tokenization_spaces"] = json!(true))
     }
 
     async fn call(app: &Router, method: &str, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
@@ -1106,5 +1217,373 @@ mod tests {
         assert_eq!(call(&router, "GET", "/v1/models", "").await.1["data"][0]["id"], "tiny-llama");
         let (status, body) = call(&router, "POST", "/v1/completions", r#"{"prompt": "a", "max_tokens": 2}"#).await;
         assert_eq!((status, body["usage"]["completion_tokens"].clone()), (StatusCode::OK, json!(2)));
+    }
+
+    /// llama.cpp's server test: a stop string whose start lies in the prompt does not stop the answer (OpenAI,
+    /// vLLM and llama-server match the generated text only).
+    #[tokio::test]
+    async fn a_stop_string_whose_start_lies_in_the_prompt() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let prompt = "Name: Bob\n";
+        let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0});
+        let (status, plain) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        let text = plain["choices"][0]["text"].as_str().unwrap().to_string();
+        let first = text.chars().next().expect("some text");
+        // The prompt's last character and the answer's first: a stop string that spans the two.
+        let stop = format!("\n{first}");
+        let mut stopped = body.clone();
+        stopped["stop"] = json!([stop]);
+        let (status, reply) = call(&router, "POST", "/v1/completions", &stopped.to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        let want = text.find(&stop).map_or(text.as_str(), |i| &text[..i]);
+        assert!(!want.is_empty());
+        assert_eq!(reply["choices"][0]["text"], want, "stop {stop:?} in {text:?}");
+    }
+
+    /// With the tokenizer's space clean-up on, a stop string fires at the token that completes it (not when the
+    /// clean-up releases its text), and one completed by the budget's last token ends the answer with `stop`
+    /// instead of leaking into it with `length`.
+    #[tokio::test]
+    async fn stop_strings_match_before_the_space_clean_up() {
+        let dir = tiny_cleaning_up();
+        let pipe = load(&dir);
+        assert!(pipe.target.tokenizer.clean_up_tokenization_spaces());
+        let tokenizer = Arc::clone(&pipe.target.tokenizer);
+        let router = serving(pipe, &ServeConfig::default());
+        let mut found = None;
+        let mut pipe = load(&dir);
+        for prompt in ["The quick brown fox", "Once upon a time", "Hello, my name is", "a b c d e f g", "1 2 3 4"] {
+            // The raw (not cleaned-up) text after each token, from the stream without the clean-up.
+            let tokens = tokenizer.encode(prompt, true).unwrap();
+            let greedy = GenerationOptions { max_new_tokens: Some(32), do_sample: Some(false), ..Default::default() };
+            let out = pipe.generate_ids(&tokens, &greedy, None).unwrap();
+            let mut stream = tokenizer.stream(true).without_clean_up();
+            let mut raw = String::new();
+            for (k, &t) in out.tokens.iter().enumerate() {
+                let piece = stream.push(t).unwrap();
+                raw.push_str(&piece);
+                let chars: Vec<char> = raw.chars().collect();
+                if piece.is_empty() || chars.len() < 3 {
+                    continue;
+                }
+                let stop: String = chars[chars.len() - 2..].iter().collect();
+                let before: String = chars[chars.len().saturating_sub(4)..chars.len() - 2].iter().collect();
+                // The clean-up holds text back after a space: one just before the stop string.
+                let first_at_end = raw.find(&stop) == Some(raw.len() - stop.len());
+                if before.contains(' ') && !stop.contains(' ') && !stop.contains('\u{FFFD}') && first_at_end {
+                    found = Some((prompt, k + 1, stop));
+                    break;
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        let (prompt, k, stop) = found.expect("a stop string right after a space in some greedy answer");
+        for max_tokens in [k, 32] {
+            let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stop": [stop]});
+            let (status, reply) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+            assert_eq!(status, StatusCode::OK);
+            let text = reply["choices"][0]["text"].as_str().unwrap();
+            assert!(!text.contains(&stop), "{stop:?} leaked into {text:?} (max_tokens {max_tokens})");
+            assert_eq!(reply["choices"][0]["finish_reason"], "stop", "max_tokens {max_tokens}");
+            assert_eq!(reply["usage"]["completion_tokens"], k, "the stop string's token ends it");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    async fn text(router: &Router, body: serde_json::Value) -> String {
+        let (status, reply) = call(router, "POST", "/v1/completions", &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        reply["choices"][0]["text"].as_str().unwrap().to_string()
+    }
+
+    /// vLLM's defaults: a request with no `temperature` samples at OpenAI's temperature 1 (the tiny model's
+    /// generation config sets none), honouring the `top_p` it sends; a model's generation defaults fill what a
+    /// request omits.
+    #[tokio::test]
+    async fn omitted_sampling_fields_take_the_model_defaults_else_openais() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let body = |extra: serde_json::Value| {
+            let mut b = json!({"prompt": "Once upon a time", "max_tokens": 12});
+            b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            b
+        };
+        let mut omitted = Vec::new();
+        for seed in 0..4 {
+            let implicit = text(&router, body(json!({"top_p": 0.95, "seed": seed}))).await;
+            let explicit = text(&router, body(json!({"top_p": 0.95, "seed": seed, "temperature": 1.0}))).await;
+            assert_eq!(implicit, explicit, "seed {seed}: no temperature is temperature 1");
+            let nucleus = text(&router, body(json!({"top_p": 0.95, "seed": seed, "temperature": 1.0, "top_k": -1})));
+            assert_eq!(implicit, nucleus.await, "seed {seed}: OpenAI has no top-k");
+            omitted.push(implicit);
+        }
+        let greedy = text(&router, body(json!({"temperature": 0}))).await;
+        omitted.dedup();
+        assert!(omitted.len() > 1 && omitted.iter().any(|t| *t != greedy), "sampled, not greedy: {omitted:?}");
+
+        // A model whose generation config says temperature 0.5 and top-k 5: what the request omits comes from it.
+        let mut pipe = tiny();
+        pipe.target.defaults.temperature = Some(0.5);
+        pipe.target.defaults.top_k = Some(5);
+        pipe.target.defaults.do_sample = Some(false);
+        let router = serving(pipe, &ServeConfig::default());
+        let tiny_router = serving(tiny(), &ServeConfig::default());
+        for seed in 0..4 {
+            let implicit = text(&router, body(json!({"seed": seed}))).await;
+            let explicit = text(&tiny_router, body(json!({"seed": seed, "temperature": 0.5, "top_k": 5}))).await;
+            assert_eq!(implicit, explicit, "seed {seed}: the model's temperature and top-k");
+        }
+    }
+
+    /// An id below the embedding's rows but past the tokenizer's vocabulary is padding, no token: refused in
+    /// `logit_bias`, `stop_token_ids` and `/detokenize`, naming the field.
+    #[tokio::test]
+    async fn ids_that_no_token_has_are_refused() {
+        // tiny-llama whose tokenizer lacks its last token (and the merge that makes it): row 447 is padding.
+        let dir = tiny_edited("padded", "tokenizer.json", |t| {
+            let vocab = t["model"]["vocab"].as_object_mut().unwrap();
+            let last = vocab.iter().max_by_key(|(_, id)| id.as_u64()).map(|(k, _)| k.clone()).unwrap();
+            vocab.remove(&last);
+            let merges = t["model"]["merges"].as_array_mut().unwrap();
+            merges.retain(|m| {
+                let parts: Vec<String> = match m {
+                    serde_json::Value::String(s) => s.split(' ').map(str::to_string).collect(),
+                    other => other.as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect(),
+                };
+                parts.concat() != last && !parts.contains(&last)
+            });
+        });
+        let pipe = load(&dir);
+        assert_eq!((pipe.target.tokenizer.vocab_size(), pipe.target.config().vocab_size), (447, 448));
+        let router = serving(pipe, &ServeConfig::default());
+        for (path, body, param) in [
+            ("/v1/completions", json!({"prompt": "a", "logit_bias": {"447": 5}}), "logit_bias"),
+            ("/v1/completions", json!({"prompt": "a", "stop_token_ids": [5, 447]}), "stop_token_ids[1]"),
+            ("/detokenize", json!({"tokens": [447]}), "tokens[0]"),
+        ] {
+            let (status, reply) = call(&router, "POST", path, &body.to_string()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {reply}");
+            assert_eq!(reply["error"]["param"], param, "{body}");
+        }
+        let ok = json!({"prompt": "a", "logit_bias": {"446": 5}, "stop_token_ids": [446], "max_tokens": 2});
+        assert_eq!(call(&router, "POST", "/v1/completions", &ok.to_string()).await.0, StatusCode::OK);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// llama.cpp's server test of a large `logit_bias`: OpenAI's 300 entries all apply (299 tokens banned, one
+    /// pushed up: every token generated is that one); a 301st is refused.
+    #[tokio::test]
+    async fn a_large_logit_bias() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let favourite = 300;
+        let mut bias: serde_json::Map<String, serde_json::Value> =
+            (1..300).map(|i| (i.to_string(), json!(-100))).collect();
+        bias.insert(favourite.to_string(), json!(100));
+        let body = json!({"prompt": "Once upon a time", "max_tokens": 8, "logprobs": 0, "logit_bias": bias,
+                          "ignore_eos": true, "seed": 3});
+        let (status, reply) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+        let tokenizer = augur::pipeline::load_tokenizer(&fixture("tiny-llama")).unwrap();
+        let want = tokenizer.decode(&[favourite], false).unwrap();
+        let tokens = reply["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+        assert_eq!(tokens.len(), 8);
+        assert!(tokens.iter().all(|t| *t == json!(want)), "{tokens:?}");
+        bias.insert("301".into(), json!(1));
+        let (status, reply) =
+            call(&router, "POST", "/v1/completions", &json!({"prompt": "a", "logit_bias": bias}).to_string()).await;
+        assert_eq!((status, &reply["error"]["param"]), (StatusCode::BAD_REQUEST, &json!("logit_bias")));
+    }
+
+    /// llama.cpp's "seeded sampling across parallel slots" and vLLM's "seeded row inside a mixed batch": a seeded
+    /// request's text is the same alone, with speculation off, with every round backed off, without the cost
+    /// model, and among 8 concurrent clients (the others unseeded or seeded otherwise), since each position draws
+    /// from its own stream whichever rounds drafted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn seeded_text_does_not_depend_on_which_rounds_drafted() {
+        let prompt = "one two three one two three one two three one two three one two";
+        let seeded = |speculation: serde_json::Value| {
+            json!({"prompt": prompt, "max_tokens": 32, "temperature": 1.0, "seed": 5, "ignore_eos": true,
+                   "speculation": speculation})
+        };
+        let lookup = json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 1});
+        let config = ServeConfig { parallel: 8, speculation_max_load: 64, ..ServeConfig::default() };
+        let router = serving(tiny(), &config);
+        let (status, alone) = call(&router, "POST", "/v1/completions", &seeded(lookup.clone()).to_string()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(alone["usage"]["speculation"]["drafted_tokens"].as_u64() > Some(0), "drafts were proposed");
+        let want = alone["choices"][0]["text"].as_str().unwrap().to_string();
+
+        assert_eq!(text(&router, seeded(json!("off"))).await, want, "speculation off");
+        let mut uncapped = lookup.clone();
+        uncapped["cost_aware_drafting"] = json!(false);
+        assert_eq!(text(&router, seeded(uncapped)).await, want, "without the cost model");
+        // A server whose every sequence backs off (more than 0 running): no round drafts.
+        let backing_off = serving(tiny(), &ServeConfig { speculation_max_load: 0, ..config.clone() });
+        let (_, off) = call(&backing_off, "POST", "/v1/completions", &seeded(lookup.clone()).to_string()).await;
+        assert_eq!(off["usage"]["speculation"]["drafted_tokens"], 0, "every round backed off");
+        assert_eq!(off["choices"][0]["text"], want.as_str(), "backed off");
+
+        let clients: Vec<_> = (0..8)
+            .map(|i| {
+                let router = router.clone();
+                let mut body = seeded(lookup.clone());
+                match i % 4 {
+                    0 | 1 => {}
+                    2 => body["seed"] = json!(100 + i),
+                    _ => drop(body.as_object_mut().unwrap().remove("seed")),
+                }
+                tokio::spawn(async move { (i, call(&router, "POST", "/v1/completions", &body.to_string()).await) })
+            })
+            .collect();
+        for client in clients {
+            let (i, (status, reply)) = client.await.unwrap();
+            assert_eq!(status, StatusCode::OK);
+            if i % 4 < 2 {
+                assert_eq!(reply["choices"][0]["text"], want.as_str(), "client {i} under load");
+            }
+        }
+    }
+
+    /// A text prompt of at least `tokens` tokens (a repeated phrase, which prompt lookup finds matches in).
+    fn long_prompt(tokenizer: &Tokenizer, tokens: usize) -> (String, usize) {
+        let mut prompt = String::new();
+        loop {
+            let n = tokenizer.encode(&prompt, true).unwrap().len();
+            if n >= tokens {
+                return (prompt, n);
+            }
+            prompt.push_str("one two three four ");
+        }
+    }
+
+    /// llama.cpp's "the context is never exceeded with speculation on": a request that fills the context to its
+    /// last token, with chains and with trees (whose nodes each take a place in the cache), completes.
+    #[tokio::test]
+    async fn the_context_is_never_exceeded_with_speculation_on() {
+        let mut pipe = tiny();
+        let assistant = fixture("tiny-llama-assistant");
+        pipe.assistant =
+            Some(augur::pipeline::Assistant::load(&assistant, &augur::Device::Cpu, &pipe.target.tokenizer).unwrap());
+        let context = pipe.target.config().max_position_embeddings;
+        let (prompt, n) = long_prompt(&pipe.target.tokenizer, context - 40);
+        let router = serving(pipe, &ServeConfig::default());
+        for speculation in [
+            json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 1}),
+            json!({"method": "prompt_lookup", "prompt_lookup_num_tokens": 8, "max_matching_ngram_size": 1,
+                   "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 32, "cost_aware_drafting": false}),
+            json!({"method": "assistant_model", "num_assistant_tokens": 6, "cost_aware_drafting": false}),
+            json!({"method": "assistant_model", "num_assistant_tokens": 6, "speculative_eagle_topk": 3,
+                   "speculative_num_draft_tokens": 24, "assistant_confidence_threshold": 0.9,
+                   "cost_aware_drafting": false}),
+        ] {
+            let body = json!({"prompt": prompt, "max_tokens": context - n, "temperature": 0, "ignore_eos": true,
+                              "speculation": speculation});
+            let (status, reply) = call(&router, "POST", "/v1/completions", &body.to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{speculation}: {reply}");
+            assert_eq!(reply["usage"]["completion_tokens"], context - n, "{speculation}");
+            assert!(reply["usage"]["speculation"]["drafted_tokens"].as_u64() > Some(0), "{speculation}: drafted");
+        }
+    }
+
+    /// An assistant whose context is shorter than the target's drafts while it has room, is cut to that room,
+    /// then the request decodes plainly to its end, which the usage reports; the text is plain greedy's.
+    #[tokio::test]
+    async fn an_assistant_with_a_shorter_context_falls_back_to_plain() {
+        let short =
+            edited("tiny-llama-assistant", "short", "config.json", |c| c["max_position_embeddings"] = json!(300));
+        let mut pipe = tiny();
+        let assistant = augur::pipeline::Assistant::load(&short, &augur::Device::Cpu, &pipe.target.tokenizer).unwrap();
+        assert_eq!(assistant.config().max_position_embeddings, 300);
+        pipe.assistant = Some(assistant);
+        let (prompt, n) = long_prompt(&pipe.target.tokenizer, 280);
+        assert!(n < 300);
+        let router = serving(pipe, &ServeConfig::default());
+        let body = |speculation: serde_json::Value| {
+            json!({"prompt": prompt, "max_tokens": 60, "temperature": 0, "ignore_eos": true,
+                   "speculation": speculation})
+        };
+        for tree in [1, 3] {
+            let speculation = json!({"method": "assistant_model", "num_assistant_tokens": 8,
+                                     "speculative_eagle_topk": tree, "cost_aware_drafting": false});
+            let (status, reply) = call(&router, "POST", "/v1/completions", &body(speculation).to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let usage = &reply["usage"];
+            assert!(usage["speculation"]["drafted_tokens"].as_u64() > Some(0), "drafted while it had room");
+            assert_eq!(usage["speculation"]["context_fallbacks"], 1, "{usage}");
+            assert_eq!(usage["completion_tokens"], 60);
+            assert_eq!(reply["choices"][0]["text"], text(&router, body(json!("off"))).await.as_str());
+        }
+        let _ = std::fs::remove_dir_all(&short);
+    }
+
+    /// Waits (only to catch a hang) until the scheduler's gauges satisfy `done`, and returns them.
+    fn gauges_when(scheduler: &Scheduler, done: impl Fn((usize, usize)) -> bool) -> (usize, usize) {
+        let t0 = Instant::now();
+        loop {
+            let g = scheduler.gauges();
+            if done(g) {
+                return g;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "stuck at {g:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Admission is first come first served: a request for 2 slots waiting for them is not passed by a later
+    /// request for 1 that would fit (before, a steady stream of single requests could hold `n > 1` off forever).
+    #[test]
+    fn admission_is_first_come_first_served() {
+        let scheduler = Scheduler::new(2, 8);
+        let first = scheduler.admit(1).unwrap();
+        std::thread::scope(|s| {
+            let pair = s.spawn(|| {
+                let p = scheduler.admit(2).unwrap();
+                let running = scheduler.gauges().0;
+                drop(p);
+                running
+            });
+            gauges_when(&scheduler, |(_, waiting)| waiting == 1);
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            let scheduler = &scheduler;
+            let single = s.spawn(move || {
+                let p = scheduler.admit(1).unwrap();
+                let _ = released.recv();
+                drop(p);
+            });
+            // The single request fits beside `first`, but it came after the pair: it waits.
+            let g = gauges_when(scheduler, |(running, waiting)| running == 2 || waiting == 2);
+            assert_eq!(g, (1, 2), "the later single request must queue behind the pair");
+            drop(first);
+            assert_eq!(pair.join().unwrap(), 2, "the pair ran with both slots");
+            release.send(()).unwrap();
+            single.join().unwrap();
+        });
+        assert_eq!(scheduler.gauges(), (0, 0));
+    }
+
+    /// `/tokenize` runs off the HTTP workers: on a runtime with one worker, `/health` is answered while a long
+    /// text is being tokenized (before, the tokenizer held the worker until it was done).
+    #[tokio::test(flavor = "current_thread")]
+    async fn tokenize_runs_off_the_http_workers() {
+        let router = serving(tiny(), &ServeConfig::default());
+        let text = "the quick brown fox jumps over the lazy dog ".repeat(10_000);
+        let done = Arc::new(AtomicBool::new(false));
+        let tokenizing = {
+            let (router, done) = (router.clone(), Arc::clone(&done));
+            let body = json!({"prompt": text}).to_string();
+            tokio::spawn(async move {
+                let (status, reply) = call(&router, "POST", "/tokenize", &body).await;
+                done.store(true, Ordering::SeqCst);
+                (status, reply["count"].as_u64())
+            })
+        };
+        tokio::task::yield_now().await;
+        assert_eq!(call(&router, "GET", "/health", "").await.0, StatusCode::OK);
+        assert!(!done.load(Ordering::SeqCst), "/health waited for the tokenizer");
+        let (status, count) = tokenizing.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(count > Some(50_000));
     }
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 use crate::config::{Architecture, Gemma4Config, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::{gguf, weights};
+use crate::nn::rope::{Rope, Ropes};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// The name fuzzed bytes go by in errors.
@@ -19,7 +20,32 @@ pub fn gguf_config(data: &[u8]) -> Result<()> {
     let path = Path::new(FILE);
     let content = gguf::read(&mut &data[..], data.len() as u64, path)?;
     let cfg = ModelConfig::from_gguf_file(&content, path)?;
-    let _ = (cfg.rotary_dim(), cfg.attention_scale());
+    tables(&cfg)
+}
+
+/// What a model builds from its config before any weight: the rotary tables of both layer kinds, each applied
+/// once to a query head (and Gemma 4's per-kind tables over its per-kind head shapes), and the attention scale.
+fn tables(cfg: &ModelConfig) -> Result<()> {
+    let _ = cfg.attention_scale();
+    let ropes = Ropes::new(cfg)?;
+    let rotate = |rope: &Rope, head_dim: usize| -> Result<()> {
+        let (cos, sin) = rope.cos_sin(0, 1, &candle_core::Device::Cpu)?;
+        let (cos, sin) = (cos.flatten_all()?.to_vec1::<f32>()?, sin.flatten_all()?.to_vec1::<f32>()?);
+        rope.rotate(&mut vec![0.0; head_dim], 1, head_dim, &cos, &sin);
+        Ok(())
+    };
+    rotate(&ropes.full, cfg.head_dim)?;
+    rotate(&ropes.sliding, cfg.head_dim)?;
+    if matches!(cfg.architecture, Architecture::Gemma4 | Architecture::Gemma4Assistant) {
+        let g = Gemma4Config::from_model_config(cfg)?;
+        for kind in [LayerKind::Full, LayerKind::Sliding] {
+            let (head_dim, _) = g.head_shape(cfg, kind);
+            rotate(&g.rope(cfg, kind)?, head_dim)?;
+        }
+        if cfg.architecture == Architecture::Gemma4 {
+            g.kv_sources(cfg)?;
+        }
+    }
     Ok(())
 }
 
@@ -38,18 +64,7 @@ pub fn gguf_tokenizer(data: &[u8]) -> Result<()> {
 pub fn config_json(data: &[u8]) -> Result<()> {
     let text = std::str::from_utf8(data).map_err(|e| Error::config("config.json", e.to_string()))?;
     let cfg = ModelConfig::from_hf_json(text)?;
-    let _ = (cfg.rotary_dim(), cfg.attention_scale());
-    if matches!(cfg.architecture, Architecture::Gemma4 | Architecture::Gemma4Assistant) {
-        let g = Gemma4Config::from_model_config(&cfg)?;
-        for kind in [LayerKind::Full, LayerKind::Sliding] {
-            g.head_shape(&cfg, kind);
-            g.rope(&cfg, kind)?;
-        }
-        if cfg.architecture == Architecture::Gemma4 {
-            g.kv_sources(&cfg)?;
-        }
-    }
-    Ok(())
+    tables(&cfg)
 }
 
 /// A sharded checkpoint's `model.safetensors.index.json` where the bytes start with `{`, else a safetensors file

@@ -252,6 +252,9 @@ pub struct CallOptions {
     /// Keep a stop string that ends the generation in the text (Transformers' behaviour, the default). `false`
     /// cuts it and what follows it, as OpenAI and vLLM (`include_stop_str_in_output`) do.
     pub include_stop_str_in_output: Option<bool>,
+    /// Whether a stop string may begin in the prompt. `None`: true, Transformers' `StopStringCriteria`, which
+    /// reads the whole sequence; `false` matches the generated text only, as OpenAI, vLLM and llama.cpp do.
+    pub stop_strings_match_prompt: Option<bool>,
 }
 
 impl CallOptions {
@@ -462,7 +465,8 @@ impl Pipeline {
                 .with_token_sink(token_sink)
                 .with_cancel(call.cancel.clone())
                 .with_logprobs(call.logprobs)
-                .excluding_stop_strings(!call.include_stop_str_in_output.unwrap_or(true));
+                .excluding_stop_strings(!call.include_stop_str_in_output.unwrap_or(true))
+                .stop_strings_on_generated_only(!call.stop_strings_match_prompt.unwrap_or(true));
         let available = Available {
             target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
             mtp: target.mtp.is_some(),

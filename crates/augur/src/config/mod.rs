@@ -350,6 +350,42 @@ impl ModelConfig {
         if !self.head_dim.is_multiple_of(2) {
             return Err(Error::config("head_dim", "must be even for rotary embeddings"));
         }
+        // A factor above 1 would rotate more dimensions than a head has (the first forward would index past it).
+        let f = self.partial_rotary_factor;
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(Error::config("partial_rotary_factor", format!("must be in (0, 1], not {f}")));
+        }
+        let rd = self.rotary_dim();
+        if rd == 0 || !rd.is_multiple_of(2) {
+            return Err(Error::config(
+                "partial_rotary_factor",
+                format!("{f} gives {rd} rotary dimensions of {}: they must be a positive even number", self.head_dim),
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `partial_rotary_factor` in (0, 1] (a factor above 1 panicked on the first forward), and a positive even
+    /// number of rotary dimensions.
+    #[test]
+    fn partial_rotary_factor_outside_0_1_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama/config.json");
+        let base: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        for (factor, ok) in [(1.5, false), (0.0, false), (-1.0, false), (0.01, false), (0.5, true), (1.0, true)] {
+            let mut c = base.clone();
+            c["rope_parameters"]["partial_rotary_factor"] = serde_json::json!(factor);
+            match ModelConfig::from_hf_json(&c.to_string()) {
+                Ok(cfg) => assert!(ok, "{factor} accepted (rotary dims {})", cfg.rotary_dim()),
+                Err(e) => {
+                    assert!(!ok, "{factor}: {e}");
+                    assert!(e.to_string().contains("partial_rotary_factor"), "{e}");
+                }
+            }
+        }
     }
 }

@@ -63,6 +63,9 @@ impl AssistantTokensSchedule {
     }
 }
 
+/// The largest n-gram prompt lookup may be asked to match (beyond it a round only searches longer).
+pub const MAX_MATCHING_NGRAM_SIZE: usize = 32;
+
 // Each field is declared once; the macro derives the resolved config, the all-optional overrides, JSON parsing and
 // merging from the same list so they cannot drift apart. `plain` fields always have a value (the default when
 // unset); `opt` fields stay `None` when unset. `parse` turns one JSON value into `Some(value)` (or `None` to ignore).
@@ -159,6 +162,12 @@ generation_fields! {
     sequence_bias: plain SequenceBias = Vec::new(), parse_sequence_bias;
     /// Seed of the sampler; `None` seeds from the OS. Not a Transformers field (it seeds torch globally).
     seed: opt u64 = (), parse_de::<u64>;
+    /// Each position draws from its own random stream, keyed by (seed, position), and speculative verification
+    /// keeps a draft only where it equals the target's own draw at its position (llama.cpp's verification): a
+    /// seeded text is then the same whichever rounds drafted (alone, under load, with or without back-off or
+    /// speculation), still exactly the target's distribution, at a lower acceptance than speculative sampling's
+    /// for sampled drafts. Not a Transformers field; the server sets it for seeded requests.
+    sample_by_position: plain bool = false, parse_de::<bool>;
     /// End-of-sequence token ids; JSON accepts one id or a list. Empty: generation stops only on length.
     eos_token_id: plain Vec<u32> = Vec::new(), parse_token_ids;
     pad_token_id: opt u32 = (), parse_token_id;
@@ -350,6 +359,10 @@ impl GenerationConfig {
             if v == Some(0) {
                 return err(format!("`{name}` must be at least 1, but is 0."));
             }
+        }
+        // Prompt lookup tries every n-gram size from this one down, over the whole context, every round.
+        if let Some(n) = self.max_matching_ngram_size.filter(|&n| n > MAX_MATCHING_NGRAM_SIZE) {
+            return err(format!("`max_matching_ngram_size` must be at most {MAX_MATCHING_NGRAM_SIZE}, but is {n}."));
         }
         if self.tree_shape().is_some() && self.assistant_ensemble_weight.is_some() {
             return err("`assistant_ensemble_weight` verifies one chain of drafts; it cannot be combined with tree \
@@ -737,6 +750,9 @@ mod tests {
             GenerationConfig { prompt_lookup_num_tokens: Some(3), max_matching_ngram_size: Some(0), ..base.clone() };
         assert!(c.validate().is_ok(), "`0 or 2` is 2 in Transformers");
         assert_eq!(c.effective_max_matching_ngram_size(), 2);
+        let c =
+            GenerationConfig { prompt_lookup_num_tokens: Some(3), max_matching_ngram_size: Some(33), ..base.clone() };
+        assert_eq!(msg(&c), "`max_matching_ngram_size` must be at most 32, but is 33.");
 
         let c = GenerationConfig {
             prompt_lookup_num_tokens: Some(3),

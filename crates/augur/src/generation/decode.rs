@@ -78,7 +78,7 @@ pub fn generate(
 ) -> Result<()> {
     let start = Instant::now();
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
-    let mut sampler = Sampler::new(cfg.seed);
+    let mut sampler = Sampler::for_config(cfg);
     let mut pending = emitter.tokens().to_vec();
     stats.method = "plain".into();
     while !emitter.is_finished() {
@@ -89,6 +89,7 @@ pub fn generate(
         }
         let logits = logits_rows(&out, TARGET, model.cache_len() - 1)?.pop().unwrap_or_default();
         let raw = emitter.wants_logprobs().then(|| logits.clone());
+        sampler.at(emitter.tokens().len());
         let next = next_token(&processor, &mut sampler, emitter.tokens(), logits);
         emitter.accept_scored(&[next], raw.as_ref().map(std::slice::from_ref))?;
         pending = vec![next];

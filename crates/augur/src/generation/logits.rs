@@ -112,18 +112,15 @@ impl LogitsProcessor {
 
 /// Transformers' `SequenceBiasLogitsProcessor`: the biases of the sequences that the next token can complete
 /// are summed per token, then added once. Ids outside the vocabulary are ignored (the pipeline refuses them
-/// before generating, with Transformers' error).
+/// before generating, with Transformers' error). Linear in the number of biases (a map sums them per token).
 pub fn apply_sequence_bias(logits: &mut [f32], context: &[u32], biases: &[(Vec<u32>, f32)]) {
-    let mut added: Vec<(u32, f32)> = Vec::new();
+    let mut added: std::collections::HashMap<u32, f32> = std::collections::HashMap::with_capacity(biases.len());
     for (seq, bias) in biases {
         let Some((&last, prefix)) = seq.split_last() else { continue };
         if prefix.len() > context.len() || !context.ends_with(prefix) {
             continue;
         }
-        match added.iter_mut().find(|(t, _)| *t == last) {
-            Some(entry) => entry.1 += bias,
-            None => added.push((last, *bias)),
-        }
+        *added.entry(last).or_insert(0.0) += bias;
     }
     for (t, bias) in added {
         if let Some(l) = logits.get_mut(t as usize) {

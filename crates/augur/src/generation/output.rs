@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::sampler::log_sum_exp;
 use super::stopping::{FinishReason, StopHit, StopStrings};
 use crate::error::Result;
-use crate::tokenizer::{TextStream, Tokenizer};
+use crate::tokenizer::{SpaceCleanUp, TextStream, Tokenizer};
 
 /// Counters and timings of one generation call.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -37,6 +37,9 @@ pub struct GenerationStats {
     /// Speculative rounds that verified a tree of drafts (`speculative_eagle_topk` above 1) with more than one
     /// branch.
     pub tree_rounds: usize,
+    /// The sequence length at which the drafter's own context (a shorter assistant's) was full: from there on
+    /// the request decoded plainly.
+    pub context_fallback_at: Option<usize>,
     /// Per speculative round: drafts proposed and drafts kept (Transformers' `n`, after the EOS and length
     /// cut).
     #[serde(skip)]
@@ -110,7 +113,13 @@ pub struct Emitter<'t, 's> {
     max_new_tokens: usize,
     eos: Vec<u32>,
     stops: StopStrings,
+    /// Decoded text before the tokenizer's space clean-up: stop strings are matched on it, so that a stop string
+    /// fires at the token that completes it, not when the clean-up releases its text.
     stream: TextStream<'t>,
+    /// The clean-up, applied to the text on its way out.
+    clean_up: SpaceCleanUp,
+    /// Whether any decoded text has gone to the clean-up (the prompt's tail counts for stop strings until then).
+    sent_any: bool,
     text: String,
     sink: Option<&'s mut dyn FnMut(&str)>,
     /// Receives each accepted block's kept tokens, as Transformers' streamers receive token ids.
@@ -153,7 +162,9 @@ impl<'t, 's> Emitter<'t, 's> {
             max_new_tokens,
             eos,
             stops,
-            stream: tokenizer.stream(true),
+            stream: tokenizer.stream(true).without_clean_up(),
+            clean_up: SpaceCleanUp::new(tokenizer.clean_up_tokenization_spaces()),
+            sent_any: false,
             text: String::new(),
             sink,
             token_sink: None,
@@ -186,6 +197,16 @@ impl<'t, 's> Emitter<'t, 's> {
         self
     }
 
+    /// Matches stop strings on the generated text only, as OpenAI, vLLM and llama.cpp's server do (`false`, the
+    /// default, is Transformers' `StopStringCriteria`, which reads the whole sequence, prompt included).
+    pub fn stop_strings_on_generated_only(mut self, generated_only: bool) -> Self {
+        if generated_only {
+            self.stops = StopStrings::new(self.stops.strings().to_vec());
+            self.prompt_tail.clear();
+        }
+        self
+    }
+
     /// Whether the decoding loop must hand the raw rows of a block to [`Emitter::accept_scored`].
     pub fn wants_logprobs(&self) -> bool {
         self.logprobs.is_some()
@@ -215,7 +236,14 @@ impl<'t, 's> Emitter<'t, 's> {
         self.finish.is_some()
     }
 
+    /// Sends decoded text through the space clean-up, which may hold its end back until the next text.
     fn send(&mut self, chunk: &str) {
+        self.sent_any |= !chunk.is_empty();
+        let out = self.clean_up.push(chunk, false);
+        self.deliver(&out);
+    }
+
+    fn deliver(&mut self, chunk: &str) {
         if chunk.is_empty() {
             return;
         }
@@ -233,7 +261,7 @@ impl<'t, 's> Emitter<'t, 's> {
             return;
         }
         self.held.push_str(chunk);
-        let lead = if self.text.is_empty() { self.prompt_tail.as_str() } else { "" };
+        let lead = if !self.sent_any { self.prompt_tail.as_str() } else { "" };
         let seen = format!("{lead}{}", self.held);
         let keep = self
             .stops
@@ -256,7 +284,7 @@ impl<'t, 's> Emitter<'t, 's> {
             self.send(chunk);
             return;
         }
-        let lead = if self.text.is_empty() { self.prompt_tail.len() } else { 0 };
+        let lead = if !self.sent_any { self.prompt_tail.len() } else { 0 };
         let end = lead + self.held.len() + hit.end_in_piece;
         let start = end.saturating_sub(hit.stop.len()).saturating_sub(lead);
         let mut held = std::mem::take(&mut self.held);
@@ -313,13 +341,23 @@ impl<'t, 's> Emitter<'t, 's> {
             }
         }
         if self.finish.is_some() {
+            // The stream's last text (a partial character's U+FFFD) may still complete a stop string.
             let rest = self.stream.finish()?;
-            let stopped = matches!(self.finish, Some(FinishReason::StopString(_))) && self.exclude_stop;
-            if !stopped {
-                self.emit(&rest);
-                let held = std::mem::take(&mut self.held);
-                self.send(&held);
+            let stopped = matches!(self.finish, Some(FinishReason::StopString(_)));
+            match self.stops.push(&rest).filter(|_| !stopped) {
+                Some(hit) => {
+                    self.emit_stopped(&rest, &hit);
+                    self.finish = Some(FinishReason::StopString(hit.stop));
+                }
+                None if !(stopped && self.exclude_stop) => {
+                    self.emit(&rest);
+                    let held = std::mem::take(&mut self.held);
+                    self.send(&held);
+                }
+                None => {}
             }
+            let last = self.clean_up.push("", true);
+            self.deliver(&last);
         }
         Ok(kept)
     }
@@ -332,5 +370,82 @@ impl<'t, 's> Emitter<'t, 's> {
             stats,
             logprobs: self.logprobs.map(|(_, l)| l),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::tests::byte_level_tokenizer;
+
+    /// Feeds `generated` to an emitter over `prompt` one token at a time; returns (text, kept tokens, reason).
+    fn run<'t>(
+        tok: &'t Tokenizer,
+        prompt: &str,
+        generated: &str,
+        max_new: usize,
+        stops: &[&str],
+        configure: impl FnOnce(Emitter<'t, 'static>) -> Emitter<'t, 'static>,
+    ) -> (String, usize, FinishReason) {
+        let prompt = tok.encode(prompt, false).unwrap();
+        let ids = tok.encode(generated, false).unwrap();
+        let stops = stops.iter().map(|s| s.to_string()).collect();
+        let mut e = configure(Emitter::new(tok, &prompt, max_new, vec![], stops, None));
+        for &t in &ids {
+            if e.is_finished() {
+                break;
+            }
+            e.accept(&[t]).unwrap();
+        }
+        let out = e.into_output(GenerationStats::default());
+        (out.text, out.tokens.len(), out.finish_reason)
+    }
+
+    fn cleaning() -> Tokenizer {
+        let mut tok = byte_level_tokenizer();
+        tok.clean_up_tokenization_spaces = true;
+        tok
+    }
+
+    /// The clean-up holds back text after a space; the stop string fires at the token that completes it anyway.
+    #[test]
+    fn stop_string_fires_at_its_token_under_the_space_clean_up() {
+        let tok = cleaning();
+        let (text, kept, reason) = run(&tok, "x", "ab cd ef gh ij", 64, &["cd"], |e| e.excluding_stop_strings(true));
+        assert_eq!(kept, "ab cd".len(), "the stop string's last token ends the generation");
+        assert_eq!((text.as_str(), reason), ("ab ", FinishReason::StopString("cd".into())));
+    }
+
+    /// A stop string completed by the budget's last token ends with `stop`, and is cut, not leaked with `length`.
+    #[test]
+    fn stop_string_completed_by_the_last_token_does_not_leak_with_length() {
+        let tok = cleaning();
+        for exclude in [true, false] {
+            let (text, kept, reason) =
+                run(&tok, "x", "ab cd", "ab cd".len(), &["cd"], |e| e.excluding_stop_strings(exclude));
+            assert_eq!((kept, reason), ("ab cd".len(), FinishReason::StopString("cd".into())));
+            assert_eq!(text, if exclude { "ab " } else { "ab cd" });
+        }
+    }
+
+    /// With clean-up, what goes out is still the cleaned-up text, held back no further than the end.
+    #[test]
+    fn clean_up_still_applies_to_the_emitted_text() {
+        let tok = cleaning();
+        let (text, _, reason) = run(&tok, "x", "a , b .", "a , b .".len(), &[], |e| e);
+        assert_eq!((text.as_str(), reason), ("a, b.", FinishReason::Length));
+    }
+
+    /// Transformers' rule by default (a stop string may begin in the prompt); OpenAI's with `generated_only`.
+    #[test]
+    fn a_stop_string_whose_start_lies_in_the_prompt() {
+        let tok = byte_level_tokenizer();
+        let (text, kept, _) = run(&tok, "Name: Bob\n", "\nAge: 3\n\nrest", 64, &["\n\n"], |e| e);
+        assert_eq!((text.as_str(), kept), ("\n", 1), "Transformers reads the whole sequence");
+        let (text, kept, reason) = run(&tok, "Name: Bob\n", "\nAge: 3\n\nrest", 64, &["\n\n"], |e| {
+            e.excluding_stop_strings(true).stop_strings_on_generated_only(true)
+        });
+        assert_eq!((text.as_str(), kept), ("\nAge: 3", "\nAge: 3\n\n".len()));
+        assert_eq!(reason, FinishReason::StopString("\n\n".into()));
     }
 }

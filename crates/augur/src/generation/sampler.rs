@@ -150,6 +150,8 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
 #[derive(Debug, Clone)]
 pub struct Sampler {
     rng: StdRng,
+    /// The key of the per-position streams (see [`Sampler::by_position`]); `None`: one stream for the call.
+    key: Option<u64>,
 }
 
 impl Sampler {
@@ -159,7 +161,41 @@ impl Sampler {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::from_os_rng(),
         };
-        Sampler { rng }
+        Sampler { rng, key: None }
+    }
+
+    /// A sampler whose draws at a position come from a stream of their own, keyed by (seed, position) once
+    /// [`Sampler::at`] names the position: what is drawn at one position never depends on how many draws other
+    /// positions made (so not on which rounds drafted).
+    pub fn by_position(seed: Option<u64>) -> Self {
+        let key = seed.unwrap_or_else(|| StdRng::from_os_rng().random());
+        Sampler { rng: StdRng::seed_from_u64(key), key: Some(key) }
+    }
+
+    /// The config's sampler: per position under `sample_by_position`, else one stream.
+    pub fn for_config(config: &GenerationConfig) -> Self {
+        if config.sample_by_position {
+            Self::by_position(config.seed)
+        } else {
+            Self::new(config.seed)
+        }
+    }
+
+    /// Whether draws are keyed by position.
+    pub fn is_by_position(&self) -> bool {
+        self.key.is_some()
+    }
+
+    /// Starts the stream of sequence position `position` (the index in prompt + generated tokens of the token to
+    /// be drawn); nothing for a one-stream sampler.
+    pub fn at(&mut self, position: usize) {
+        if let Some(key) = self.key {
+            // SplitMix64's finaliser over the key and the position: distinct, well-mixed seeds per position.
+            let mut z = key ^ (position as u64).wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            self.rng = StdRng::seed_from_u64(z ^ (z >> 31));
+        }
     }
 
     /// A drafter's own sampler under the call's `seed`: a stream apart from the verifier's, so that drafting

@@ -11,7 +11,7 @@ use super::drafters::{Draft, Drafter};
 use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::Sampler;
-use super::verify::{Block, Exact, TreeBlock, TreeVerdict, Verdict, Verifier};
+use super::verify::{self, Block, Exact, TreeBlock, TreeVerdict, Verdict, Verifier};
 use crate::error::{Error, Result};
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
 use crate::nn::TreeMask;
@@ -45,7 +45,7 @@ pub fn generate_with(
         )));
     }
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
-    let mut sampler = Sampler::new(cfg.seed);
+    let mut sampler = Sampler::for_config(cfg);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
     // cost one block and a head, so they are left uncapped.
     let mut cost = if cfg.cost_aware() && !drafter.wants_target_hidden() {
@@ -54,11 +54,20 @@ pub fn generate_with(
         None
     };
     stats.method = drafter.method().into();
+    let context = target.config().max_position_embeddings;
     while !emitter.is_finished() {
-        // The target adds one token of its own, so at most `remaining − 1` drafts can be kept.
-        let mut max_drafts = emitter.remaining().saturating_sub(1);
+        // The target adds one token of its own, so at most `remaining − 1` drafts can be kept; and every draft
+        // (every node of a tree) takes a place in the target's cache, and in the drafter's own.
+        let len = emitter.tokens().len();
+        let room = context.saturating_sub(len);
+        let drafter_room = drafter.context_room(len);
+        if drafter_room == Some(0) && stats.context_fallback_at.is_none() {
+            stats.context_fallback_at = Some(len);
+        }
+        let room = room.min(drafter_room.unwrap_or(usize::MAX));
+        let mut max_drafts = emitter.remaining().saturating_sub(1).min(room);
         let cap = cost.as_mut().map_or(DraftCap::Unlimited, |c| c.next_cap(emitter.remaining()));
-        let plain_step = cap == DraftCap::AtMost(0);
+        let plain_step = cap == DraftCap::AtMost(0) || stats.context_fallback_at.is_some();
         if let DraftCap::AtMost(g) = cap {
             max_drafts = max_drafts.min(g);
         }
@@ -77,8 +86,8 @@ pub fn generate_with(
         let draft = match (&draft.parents, cap) {
             // A node is a verification row: the cost model's cap on a chain's rows caps the tree's (its first
             // nodes, which come first in the drafter's order of preference).
-            (Some(_), DraftCap::AtMost(g)) => draft.within_depth(max_drafts).first_nodes(g),
-            (Some(_), DraftCap::Unlimited) => draft.within_depth(max_drafts),
+            (Some(_), DraftCap::AtMost(g)) => draft.within_depth(max_drafts).first_nodes(g.min(room)),
+            (Some(_), DraftCap::Unlimited) => draft.within_depth(max_drafts).first_nodes(room),
             (None, _) => draft,
         };
         if draft.parents.is_some() && !draft.tokens.is_empty() && target.supports_tree() {
@@ -111,7 +120,6 @@ pub fn generate_with(
         }
         let mut rows = logits_rows(&out, TARGET, cached + feed.len() - (gamma + 1))?;
 
-        let len = emitter.tokens().len();
         let raw = emitter.wants_logprobs().then(|| rows.clone());
         verifier.process(&processor, emitter.tokens(), drafts, &mut rows);
         let block = Block {
@@ -121,7 +129,12 @@ pub fn generate_with(
             ensemble_weight: cfg.assistant_ensemble_weight,
             do_sample: processor.do_sample(),
         };
-        let Verdict { accepted, next } = verifier.verdict(&block, &mut sampler);
+        let Verdict { accepted, next } =
+            if sampler.is_by_position() && block.do_sample && cfg.assistant_ensemble_weight.is_none() {
+                verify::matching_draws(&block, len, &mut sampler)
+            } else {
+                verifier.verdict(&block, &mut sampler)
+            };
         let verify_seconds = t1.elapsed().as_secs_f64();
         stats.verify_seconds += verify_seconds;
         if let Some(c) = cost.as_mut() {
@@ -186,7 +199,11 @@ fn tree_round(
     let raw = emitter.wants_logprobs().then(|| logits.clone());
     verifier.process_tree(processor, emitter.tokens(), drafts, parents, &mut logits);
     let block = TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_deref(), do_sample: processor.do_sample() };
-    let TreeVerdict { path, next } = verifier.tree_verdict(&block, sampler);
+    let TreeVerdict { path, next } = if sampler.is_by_position() && block.do_sample {
+        verify::matching_tree_draws(&block, len, sampler)
+    } else {
+        verifier.tree_verdict(&block, sampler)
+    };
     let verify_seconds = t1.elapsed().as_secs_f64();
     stats.verify_seconds += verify_seconds;
     let mut tokens: Vec<u32> = path.iter().map(|&i| drafts[i]).collect();

@@ -275,6 +275,40 @@ pub fn speculative_sampling(
     Verdict { accepted: drafts.len(), next: sampler.sample(&p) }
 }
 
+/// Verification by matching draws (llama.cpp's, under `sample_by_position`): the target draws its own token at
+/// every position from that position's stream, as plain decoding draws it, and a draft is kept while it equals
+/// that draw. The tokens are plain sampling's draw for draw, whatever was drafted. `first` is the sequence
+/// position of the block's first row (the context's length).
+pub fn matching_draws(block: &Block<'_>, first: usize, sampler: &mut Sampler) -> Verdict {
+    for (i, row) in block.rows.iter().enumerate() {
+        sampler.at(first + i);
+        let own = sampler.sample(&softmax(row));
+        if block.drafts.get(i) != Some(&own) {
+            return Verdict { accepted: i, next: own };
+        }
+    }
+    // Only a block without rows gets here (the bonus row has no draft to match).
+    Verdict { accepted: block.drafts.len(), next: argmax(&block.rows[block.drafts.len()]) }
+}
+
+/// [`matching_draws`] over a tree: from the root, the target draws at the node's depth and follows the child
+/// that equals its draw while there is one. `first` is the root row's sequence position.
+pub fn matching_tree_draws(block: &TreeBlock<'_>, first: usize, sampler: &mut Sampler) -> TreeVerdict {
+    let kids = children(block.parents);
+    let (mut node, mut path) = (0, Vec::new());
+    loop {
+        sampler.at(first + path.len());
+        let own = sampler.sample(&softmax(&block.rows[node]));
+        match kids[node].iter().find(|&&c| block.drafts[c] == own) {
+            Some(&c) => {
+                path.push(c);
+                node = c + 1;
+            }
+            None => return TreeVerdict { path, next: own },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,5 +421,107 @@ mod tests {
         assert_eq!(v, Verdict { accepted: 0, next: 0 });
         let v = speculative_sampling(&[1], &rows, None, None, &mut Sampler::new(Some(SEED)));
         assert_eq!(v, Verdict { accepted: 0, next: 0 });
+    }
+
+    /// vLLM's rejection-sampler test of the zero-mass residual: when `[p − q]⁺` has no mass (q equals p, or a
+    /// deterministic draft holds all of p) a rejection draws from `p` itself, never from NaNs or a zero vector.
+    #[test]
+    fn zero_mass_residual_branches_draw_from_p() {
+        let p = vec![0.25f32, 0.75, 0.0];
+        assert_eq!(residual_after_rejection(p.clone(), Some(&p), 1), p, "q = p");
+        let all_on_d = vec![0.0f32, 1.0, 0.0];
+        assert_eq!(residual_after_rejection(all_on_d.clone(), None, 1), all_on_d, "one-hot q on p's whole mass");
+        // q above p everywhere p has mass: rounding-level rejections still draw inside p's support.
+        let rows = vec![ln(&p), ln(&p)];
+        let q = vec![p.clone()];
+        let mut s = Sampler::new(Some(3));
+        for _ in 0..2_000 {
+            let v = speculative_sampling(&[0], &rows, Some(&q), None, &mut s);
+            assert!(p[v.next as usize] > 0.0, "{v:?}");
+        }
+    }
+
+    /// vLLM's "sampled tokens are inside the top-k / top-p support", randomized: rows processed with top-k and
+    /// top-p, drafts drawn from random `q` over the whole vocabulary (outside the support too); every token
+    /// kept or drawn by speculative sampling, tree sampling and matching draws is inside its row's support.
+    #[test]
+    fn sampled_tokens_stay_inside_the_top_k_and_top_p_support() {
+        use crate::generation::config::GenerationConfig;
+        use crate::generation::logits::LogitsProcessor;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let vocab = 40;
+        for (case, (top_k, top_p)) in [(5, 1.0), (0, 0.6), (8, 0.8)].into_iter().enumerate() {
+            let cfg = GenerationConfig { do_sample: true, top_k, top_p, ..GenerationConfig::default() };
+            let processor = LogitsProcessor::new(&cfg, 1).unwrap();
+            let mut sampler = Sampler::new(Some(case as u64));
+            let mut keyed = Sampler::by_position(Some(case as u64));
+            for _ in 0..500 {
+                let gamma = rng.random_range(1..5);
+                let rows: Vec<Vec<f32>> = (0..=gamma)
+                    .map(|_| {
+                        let mut row: Vec<f32> = (0..vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
+                        processor.process(&[0], &mut row);
+                        row
+                    })
+                    .collect();
+                let inside = |i: usize, t: u32| rows[i][t as usize] > f32::NEG_INFINITY;
+                let q: Vec<Vec<f32>> = (0..gamma)
+                    .map(|_| {
+                        let w: Vec<f32> = (0..vocab).map(|_| rng.random::<f32>()).collect();
+                        let sum: f32 = w.iter().sum();
+                        w.iter().map(|x| x / sum).collect()
+                    })
+                    .collect();
+                let drafts: Vec<u32> = q.iter().map(|q| sampler.sample(q)).collect();
+                for v in [
+                    speculative_sampling(&drafts, &rows, Some(&q), None, &mut sampler),
+                    speculative_sampling(&drafts, &rows, None, None, &mut sampler),
+                    matching_draws(
+                        &Block { drafts: &drafts, rows: &rows, q: Some(&q), ensemble_weight: None, do_sample: true },
+                        1,
+                        &mut keyed,
+                    ),
+                ] {
+                    assert!((0..v.accepted).all(|i| inside(i, drafts[i])), "case {case}: {v:?}");
+                    assert!(inside(v.accepted, v.next), "case {case}: {v:?}");
+                }
+                // The drafts as siblings under the root: a one-level tree.
+                let parents = vec![0; gamma];
+                let tree_rows = vec![rows[0].clone(); gamma + 1];
+                let block =
+                    TreeBlock { drafts: &drafts, parents: &parents, rows: &tree_rows, q: None, do_sample: true };
+                let mut distinct = drafts.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                if distinct.len() == drafts.len() {
+                    let t = tree_sampling(&block, &mut sampler);
+                    assert!(t.path.iter().all(|&c| inside(0, drafts[c])) && inside(0, t.next), "case {case}: {t:?}");
+                }
+            }
+        }
+    }
+
+    /// Matching draws give plain sampling's tokens draw for draw: the draw at each position is that position's,
+    /// whatever was drafted before it.
+    #[test]
+    fn matching_draws_are_plain_sampling_draw_for_draw() {
+        let rows: Vec<Vec<f32>> = (0..4).map(|i| ln(&[0.2, 0.3, 0.1 + 0.1 * i as f32, 0.4 - 0.1 * i as f32])).collect();
+        for seed in 0..50 {
+            let mut plain = Sampler::by_position(Some(seed));
+            let own: Vec<u32> = (0..4)
+                .map(|i| {
+                    plain.at(10 + i);
+                    plain.sample(&softmax(&rows[i]))
+                })
+                .collect();
+            let mut keyed = Sampler::by_position(Some(seed));
+            for drafts in [&own[..3], &[9, 9, 9][..], &[own[0], 9, 9][..]] {
+                let block = Block { drafts, rows: &rows, q: None, ensemble_weight: None, do_sample: true };
+                let v = matching_draws(&block, 10, &mut keyed);
+                assert_eq!(drafts[..v.accepted], own[..v.accepted]);
+                assert_eq!(v.next, own[v.accepted], "seed {seed}, drafts {drafts:?}");
+            }
+        }
     }
 }

@@ -75,6 +75,10 @@ impl Gemma4Config {
             "proportional" => {
                 let partial = p.and_then(|p| p.partial_rotary_factor);
                 let partial = partial.unwrap_or(if p.is_some() { 1.0 } else { default_partial });
+                if !(partial > 0.0 && partial <= 1.0) {
+                    let field = format!("{field}.partial_rotary_factor");
+                    return Err(Error::config(field, format!("must be in (0, 1], not {partial}")));
+                }
                 let factor = p.and_then(|p| p.factor).unwrap_or(1.0) as f32;
                 let rotated = ((partial * head_dim as f64) as usize / 2).min(half);
                 (0..half).map(|i| if i < rotated { inv(i) / factor } else { 0.0 }).collect()

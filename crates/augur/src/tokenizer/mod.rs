@@ -18,7 +18,7 @@ use serde_json::Value as Json;
 pub use bpe::{AnyModel, CompactBpe, Inner};
 pub use chat::ChatMessage;
 pub use gguf::SUPPORTED_PRE_TOKENIZERS;
-pub use stream::TextStream;
+pub use stream::{SpaceCleanUp, TextStream};
 
 use crate::error::{Error, Result};
 
@@ -37,7 +37,7 @@ pub struct Tokenizer {
     add_bos_token: bool,
     chat_template: Option<String>,
     /// Transformers' `clean_up_tokenization_spaces` (" ." → "." …), applied after decoding.
-    clean_up_tokenization_spaces: bool,
+    pub(crate) clean_up_tokenization_spaces: bool,
     /// Ids of special added tokens, kept apart because `tokenizers` only hands out a copy of its
     /// whole added-token table.
     special_ids: HashSet<u32>,

@@ -9,7 +9,9 @@
 //! emitted token onward is decoded, and the new text is its growth. The window keeps that one
 //! token as context because decoders treat the first token specially (SentencePiece strips its
 //! leading space). When the tokenizer cleans up tokenization spaces (`" ."` → `"."`), that
-//! clean-up is applied to the stream too, holding back text a later token could still change.
+//! clean-up ([`SpaceCleanUp`]) is applied to the stream too, holding back text a later token could
+//! still change; [`TextStream::without_clean_up`] leaves it to the caller, who can then look at the
+//! text before it is held back (stop strings do).
 
 use super::{clean_up_tokenization, Tokenizer};
 use crate::error::Result;
@@ -23,8 +25,7 @@ pub struct TextStream<'a> {
     prefix: usize,
     /// Text of `decode(ids[prefix..])` already handed out (or, for the context token, accounted for).
     window_emitted: String,
-    /// Decoded (not yet cleaned-up) text waiting for the space clean-up; unused without it.
-    raw_tail: String,
+    clean_up: SpaceCleanUp,
 }
 
 impl<'a> TextStream<'a> {
@@ -35,8 +36,14 @@ impl<'a> TextStream<'a> {
             ids: Vec::new(),
             prefix: 0,
             window_emitted: String::new(),
-            raw_tail: String::new(),
+            clean_up: SpaceCleanUp::new(tok.clean_up_tokenization_spaces),
         }
+    }
+
+    /// Hands out the decoded text as it is, without the tokenizer's space clean-up.
+    pub fn without_clean_up(mut self) -> Self {
+        self.clean_up = SpaceCleanUp::new(false);
+        self
     }
 
     /// Every id pushed so far.
@@ -72,7 +79,7 @@ impl<'a> TextStream<'a> {
         } else if complete.len() > self.window_emitted.len() {
             self.window_emitted = complete.to_string();
         }
-        Ok(self.clean_up(chunk, false))
+        Ok(self.clean_up.push(&chunk, false))
     }
 
     /// Ends the stream: returns whatever was held back (partial characters included, as U+FFFD).
@@ -92,7 +99,7 @@ impl<'a> TextStream<'a> {
         };
         self.prefix = self.ids.len();
         self.window_emitted.clear();
-        Ok(self.clean_up(chunk, true))
+        Ok(self.clean_up.push(&chunk, true))
     }
 
     /// Moves the window to start at the last token, once all text so far is complete. A byte
@@ -120,15 +127,31 @@ impl<'a> TextStream<'a> {
                 && b[4].is_ascii_hexdigit()
         })
     }
+}
 
-    /// Applies Transformers' space clean-up to the stream. Clean-up patterns all start with a
-    /// space and span at most 5 characters, so text can be cleaned up and released up to any point
-    /// that has no space among the 4 characters before it.
-    fn clean_up(&mut self, chunk: String, last: bool) -> String {
-        if !self.tok.clean_up_tokenization_spaces {
-            return chunk;
+/// Transformers' space clean-up (`" ."` → `"."`) over a stream of text: what a later chunk could still change
+/// is held back until it cannot.
+#[derive(Debug, Clone, Default)]
+pub struct SpaceCleanUp {
+    on: bool,
+    /// Text not cleaned up and handed out yet.
+    raw_tail: String,
+}
+
+impl SpaceCleanUp {
+    /// `on: false` hands every chunk out as it is.
+    pub fn new(on: bool) -> Self {
+        SpaceCleanUp { on, raw_tail: String::new() }
+    }
+
+    /// Adds `chunk`; returns the cleaned-up text that no later chunk can change (all of it when `last`).
+    /// Clean-up patterns all start with a space and span at most 5 characters, so text can be cleaned up and
+    /// released up to any point that has no space among the 4 characters before it.
+    pub fn push(&mut self, chunk: &str, last: bool) -> String {
+        if !self.on {
+            return chunk.to_string();
         }
-        self.raw_tail.push_str(&chunk);
+        self.raw_tail.push_str(chunk);
         if last {
             return clean_up_tokenization(&std::mem::take(&mut self.raw_tail));
         }

@@ -85,6 +85,13 @@ impl Drafter for AssistantModel<'_> {
         self.drafting.row_cap = cap;
     }
 
+    /// The assistant caches the context and then, per depth, one draft (a chain) or up to `branches` children
+    /// of each of up to `branches` expanded nodes (a tree).
+    fn context_room(&self, context_len: usize) -> Option<usize> {
+        let per_depth = self.drafting.tree.map_or(1, |t| t.branches.max(1).pow(2));
+        Some(self.model.config().max_position_embeddings.saturating_sub(context_len) / per_depth)
+    }
+
     fn step_seconds(&mut self) -> Result<Option<f64>> {
         if self.model.cache_len() > 0 {
             return Ok(None);

@@ -59,6 +59,10 @@ impl Drafter for Backoff<'_> {
         self.inner.wants_target_hidden()
     }
 
+    fn context_room(&self, context_len: usize) -> Option<usize> {
+        self.inner.context_room(context_len)
+    }
+
     fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {
         self.inner.target_hidden(hidden, accepted_rows)
     }

@@ -141,6 +141,12 @@ pub trait Drafter {
     /// assisted decoding) uses it to stop its model early instead of drafting and discarding; the length budget
     /// alone keeps Transformers' rounds.
     fn set_cost_cap(&mut self, _cap: Option<usize>) {}
+    /// How many drafts the drafter's own model can still make after a context of `context_len` tokens before
+    /// its context is full (`None`: it has no context of its own, or one at least the target's). At 0 the loop
+    /// decodes plainly for the rest of the request.
+    fn context_room(&self, _context_len: usize) -> Option<usize> {
+        None
+    }
 }
 
 /// One one-token forward of `model` on an empty cache, discarded: the seconds it took (see
