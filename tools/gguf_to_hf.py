@@ -7,7 +7,7 @@ Usage:
     augur pull qwen2.5-coder-0.5b
     python tools/gguf_to_hf.py ~/.cache/augur/models/qwen2.5-coder-0.5b-instruct.gguf /tmp/qwen05-bf16 [--dtype bf16]
 
-Needs: pip install torch==2.15.0 transformers==5.24.0 gguf accelerate (see ../shared/peers/README.md); versions are recorded
+Needs: pip install torch==2.15.0 transformers==5.24.0 gguf accelerate (about 5.6 GB with the CUDA libraries of the PyPI torch wheel); versions are recorded
 in the directory's `augur_conversion.json`.
 """
 import argparse

@@ -10,7 +10,7 @@ Usage:
     python tools/gguf_to_hf.py ~/.cache/augur/models/qwen2.5-coder-0.5b-instruct.gguf /tmp/qwen05-bf16
     python tools/bench/guide_snippets.py --target /tmp/qwen15-bf16 --assistant /tmp/qwen05-bf16 --threads 2
 
-Needs torch==2.15.0 and transformers==5.24.0 (../shared/peers/README.md) and augur's package
+Needs torch==2.15.0 and transformers==5.24.0 (pip install torch==2.15.0 transformers==5.24.0; about 5.6 GB with the CUDA libraries of the PyPI wheel) and augur's package
 (`pip install ./crates/augur-python`) in one environment.
 """
 import argparse
