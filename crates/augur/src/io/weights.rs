@@ -82,9 +82,9 @@ fn widen(dtype: safetensors::Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
     }
     Some(match dtype {
         F64 => each(bytes, |b| f64::from_le_bytes(b) as f32),
-        F32 => each(bytes, f32::from_le_bytes),
-        F16 => each(bytes, |b| half::f16::from_le_bytes(b).to_f32()),
-        BF16 => each(bytes, |b| half::bf16::from_le_bytes(b).to_f32()),
+        F32 => Float::F32.widen(bytes),
+        F16 => Float::F16.widen(bytes),
+        BF16 => Float::BF16.widen(bytes),
         I64 => each(bytes, |b| i64::from_le_bytes(b) as f32),
         I32 => each(bytes, |b| i32::from_le_bytes(b) as f32),
         I16 => each(bytes, |b| i16::from_le_bytes(b) as f32),

@@ -46,6 +46,11 @@ impl Float {
         }
     }
 
+    /// Every element of `bytes` (little-endian), widened exactly.
+    pub fn widen(self, bytes: &[u8]) -> Vec<f32> {
+        (0..bytes.len() / self.bytes()).map(|i| self.at(bytes, i)).collect()
+    }
+
     /// Element `i` of `bytes` (little-endian), widened exactly.
     fn at(self, bytes: &[u8], i: usize) -> f32 {
         match self {
@@ -95,10 +100,6 @@ impl DenseMatrix {
         &(*self.bytes).as_ref()[self.start..self.start + len]
     }
 
-    pub fn float(&self) -> Float {
-        self.dtype
-    }
-
     pub fn in_features(&self) -> usize {
         self.k
     }
@@ -106,8 +107,7 @@ impl DenseMatrix {
     /// Row `i` widened to f32 (an embedding's lookup). A row past the weight's panics.
     pub fn row(&self, i: usize) -> Vec<f32> {
         let b = self.dtype.bytes() * self.k;
-        let row = &self.data()[i * b..(i + 1) * b];
-        (0..self.k).map(|e| self.dtype.at(row, e)).collect()
+        self.dtype.widen(&self.data()[i * b..(i + 1) * b])
     }
 
     /// Outputs `(r0 + r, j + c)` for `r < rows`, `c < cols` → `out[r][c]` (`rows ≤ ROWS`, `cols ≤ COLS`).
