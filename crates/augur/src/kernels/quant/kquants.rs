@@ -1,16 +1,19 @@
 //! Matrix products for the 256-element GGUF "K" types Q4_K and Q6_K (most of Qwen2.5-Coder-1.5B's Q4_K_M
-//! file, and the FFN down projections of the 0.5B), on AVX-512 VNNI machines. Candle's kernels for them pay
-//! for eight rows several times what they pay for one, which is what verification pays; here the weights are
-//! read once for up to eight rows.
+//! file, and the FFN down projections of the 0.5B), on AVX-512 VNNI machines and on AVX2 machines. Candle's
+//! kernels for them pay for eight rows several times what they pay for one, which is what verification pays;
+//! here the weights are read once for up to eight rows.
 //!
 //! The arithmetic is llama.cpp's: activations quantized per 256 elements to 8 bits (Q8_K: one f32 scale and
 //! integer sums per 16), integer dot products per sub-block, scaled by the sub-block's integer scale, then by
 //! the super-block scales. Each output element gets the same operations in the same order whatever the number
-//! of rows, so a token verified in a block gets the bits it gets decoded alone.
+//! of rows and whichever instruction set runs them (the integer sums are exact, the float steps are the same
+//! fused operations), so a token verified in a block gets the bits it gets decoded alone, on every x86 machine.
 //!
 //! At load the weights are regrouped by 16 rows, as for the 32-element types (see `blocks32`): one
 //! `vpdpbusd` multiplies 4 weights of each of 16 rows by the same 4 activations, and the 16 sums land in one
-//! register, with no horizontal sums. The regrouped bytes are as many as the file's.
+//! register, with no horizontal sums; AVX2 takes the same layout 8 rows at a time (`vpmaddubsw` then
+//! `vpmaddwd`), its six-bit scales and mins decoded once at load, not per product. The regrouped bytes are as
+//! many as the file's.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
@@ -79,21 +82,61 @@ const Q6K_SCALES: usize = 2048 + 1024;
 /// Q6_K: `d`, `[16]` f16.
 const Q6K_D: usize = 2048 + 1024 + 256;
 
-/// A Q4_K or Q6_K weight `[n, k]`, regrouped for the VNNI kernel.
+/// The instruction set a [`SuperBlockMatrix`] runs on, chosen once per process from the CPU's features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F, BW and VNNI with F16C: 16 weight rows per register, AMX tiles where granted.
+    Avx512Vnni,
+    /// AVX2, FMA and F16C: 8 weight rows per register.
+    Avx2,
+}
+
+impl Isa {
+    /// The best this CPU runs, if any.
+    pub fn detect() -> Option<Self> {
+        if avx512::available() {
+            Some(Isa::Avx512Vnni)
+        } else if avx2::available() {
+            Some(Isa::Avx2)
+        } else {
+            None
+        }
+    }
+
+    /// Every instruction set this CPU runs (the tests compare them).
+    #[cfg(test)]
+    fn all_here() -> Vec<Self> {
+        [(Isa::Avx512Vnni, avx512::available()), (Isa::Avx2, avx2::available())]
+            .into_iter()
+            .filter_map(|(isa, here)| here.then_some(isa))
+            .collect()
+    }
+}
+
+/// A Q4_K or Q6_K weight `[n, k]`, regrouped for the VNNI and AVX2 kernels.
 #[derive(Debug)]
 pub struct SuperBlockMatrix {
     kind: KKind,
+    isa: Isa,
     n: usize,
     k: usize,
     data: Vec<u8>,
 }
 
 impl SuperBlockMatrix {
-    /// `Some` for Q4_K and Q6_K on machines with AVX-512 (F, BW, VNNI) and F16C.
+    /// `Some` for Q4_K and Q6_K on machines with AVX-512 (F, BW, VNNI) or AVX2 (with FMA), and F16C.
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
+        match Isa::detect() {
+            Some(isa) => Self::from_qtensor_on(q, isa),
+            None => Ok(None),
+        }
+    }
+
+    /// As [`Self::from_qtensor`] on `isa`, which the caller has checked the CPU runs.
+    fn from_qtensor_on(q: &QTensor, isa: Isa) -> Result<Option<Self>> {
         let Some(kind) = KKind::of(q.dtype()) else { return Ok(None) };
         let (n, k) = q.shape().dims2()?;
-        if !k.is_multiple_of(QK_K) || !avx512::available() {
+        if !k.is_multiple_of(QK_K) {
             return Ok(None);
         }
         let data = q.data()?;
@@ -106,17 +149,18 @@ impl SuperBlockMatrix {
             });
         }
         let data = interleave(kind, n, k, &mut rows_of(&data, expected / n.max(1)))?;
-        Ok(Some(Self { kind, n, k, data }))
+        Ok(Some(Self { kind, isa, n, k, data }))
     }
 
     /// As [`Self::from_qtensor`], from the stored rows 16 at a time: the tensor is never held twice while it is
     /// regrouped.
     pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
         let Some(kind) = KKind::of(dtype) else { return Ok(None) };
-        if !k.is_multiple_of(QK_K) || !avx512::available() {
+        let Some(isa) = Isa::detect() else { return Ok(None) };
+        if !k.is_multiple_of(QK_K) {
             return Ok(None);
         }
-        Ok(Some(Self { kind, n, k, data: interleave(kind, n, k, read)? }))
+        Ok(Some(Self { kind, isa, n, k, data: interleave(kind, n, k, read)? }))
     }
 
     /// `x`: `[m, k]` row-major → `[m, n]`.
@@ -156,15 +200,34 @@ impl SharedKernel for SuperBlockMatrix {
     }
 
     fn quantize(&self, x: &[f32], m: usize) -> SharedActivations {
-        SharedActivations::SuperBlocks(Q8KRows::quantize(x, m, self.k))
+        SharedActivations::SuperBlocks(Q8KRows::quantize(x, m, self.k, self.isa))
     }
 
     fn group_tiles<'a>(&'a self, act: &'a SharedActivations) -> GroupTiles<'a> {
         let SharedActivations::SuperBlocks(act) = act else { unreachable!("activations of another format") };
         let kind = self.kind;
+        let group_bytes = (self.k / QK_K) * kind.group_bytes();
+        if self.isa == Isa::Avx2 {
+            return GroupTiles {
+                data: &self.data,
+                n: self.n,
+                group_bytes,
+                amx: None,
+                tile: Box::new(move |w, r0, rows, at, stride| {
+                    // At most `avx2::TILE` rows at once: past that the accumulators leave the 16 registers.
+                    for first in (0..rows).step_by(avx2::TILE) {
+                        let part = avx2::TILE.min(rows - first);
+                        // SAFETY: an `Isa::Avx2` matrix is only built where `avx2::available()`; the tile reads
+                        // whole super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller
+                        // vouches for `rows`, `at` and `stride`, of which these rows are a part.
+                        unsafe { avx2::tile_fn(kind, part)(w, act, r0 + first, at.add(first * stride), stride) }
+                    }
+                }),
+            };
+        }
         let amx = crate::kernels::cpu::features().amx_int8.then(|| AmxTile {
             unpacked_bytes: 16 * self.k,
-            // SAFETY: AVX-512 F and BW were detected (a `SuperBlockMatrix` is only built where they were).
+            // SAFETY: AVX-512 F and BW were detected (an `Isa::Avx512Vnni` matrix is only built where they were).
             unpack: Box::new(move |w, out| unsafe { avx512::unpack_signed(kind, w, out) }),
             // SAFETY: AVX-512 F, BW, VNNI and F16C were detected; `run_rows` passes a group and its unpacked
             // integers, and its caller vouches for `at` and `stride` and the tiles of this thread.
@@ -175,12 +238,12 @@ impl SharedKernel for SuperBlockMatrix {
         GroupTiles {
             data: &self.data,
             n: self.n,
-            group_bytes: (self.k / QK_K) * kind.group_bytes(),
+            group_bytes,
             amx,
             tile: Box::new(move |w, r0, rows, at, stride| {
-                // SAFETY: a `SuperBlockMatrix` is only built where `avx512::available()`; the tile reads whole
-                // super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches for
-                // `rows`, `at` and `stride`.
+                // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `avx512::available()`; the tile reads
+                // whole super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches
+                // for `rows`, `at` and `stride`.
                 unsafe { avx512::tile_fn(kind, rows)(w, act, r0, at, stride) }
             }),
         }
@@ -304,7 +367,7 @@ pub struct Q8KRows {
 }
 
 impl Q8KRows {
-    fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+    fn quantize(x: &[f32], m: usize, k: usize, isa: Isa) -> Self {
         let nsb = m * (k / QK_K);
         let mut rows = Q8KRows {
             qs: vec![0; m * k],
@@ -313,9 +376,12 @@ impl Q8KRows {
             sum32_pairs: Vec::with_capacity(nsb * 4),
         };
         for (src, dst) in x.chunks_exact(QK_K).zip(rows.qs.chunks_exact_mut(QK_K)) {
-            // SAFETY: only a `SuperBlockMatrix` quantizes activations, and one is only built where
-            // `avx512::available()`; `src` and `dst` are one super-block each (`chunks_exact`).
-            let (d, sums) = unsafe { avx512::quantize_superblock(src, dst) };
+            let (d, sums) = match isa {
+                // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `avx512::available()`; `src` and
+                // `dst` are one super-block each (`chunks_exact`).
+                Isa::Avx512Vnni => unsafe { avx512::quantize_superblock(src, dst) },
+                Isa::Avx2 => quantize_superblock_portable(src, dst),
+            };
             rows.d.push(d);
             for p in sums.chunks_exact(4) {
                 let (a, b) = ((p[0] + p[1]) as i16, (p[2] + p[3]) as i16);
@@ -327,9 +393,9 @@ impl Q8KRows {
     }
 }
 
-/// One super-block of [`Q8KRows`] into `qs`: returns the scale and the sums of each 16 integers.
-#[cfg(test)]
-fn quantize_superblock_scalar(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
+/// One super-block of [`Q8KRows`] into `qs`: returns the scale and the sums of each 16 integers. The AVX2
+/// kernels take it as it is (a few hundred elements per row of a decode step).
+fn quantize_superblock_portable(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16]) {
     let max = src.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     let d = if max == 0.0 {
         dst.fill(0);
@@ -355,7 +421,7 @@ mod avx512 {
         crate::kernels::cpu::features().avx512_vnni
     }
 
-    /// [`super::quantize_superblock_scalar`] with 512-bit registers: the same operations per element (rounding
+    /// [`super::quantize_superblock_portable`] with 512-bit registers: the same operations per element (rounding
     /// half away from zero as `f32::round`), so the same bits.
     ///
     /// # Safety
@@ -740,6 +806,298 @@ mod avx512 {
     }
 }
 
+/// The interleaved layout on AVX2: each 64-byte vector of 16 rows × 4 columns is read as two halves of 8 rows,
+/// and a half's products are `vpmaddubsw` (unsigned weights × signed activations, pairs summed in i16) then
+/// `vpmaddwd` by ones (i32 per row). The pairs never saturate: a Q4_K weight is below 16 and a Q6_K one below
+/// 64, and a Q8_K activation is at most 127 in magnitude, so eight Q4_K pairs (8 · 2 · 15 · 127) or two Q6_K
+/// pairs (2 · 2 · 63 · 127) fit an i16. The integer sums are therefore the VNNI kernel's, and the float steps
+/// after them are the same fused operations per output element, in the same order.
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
+
+    /// Activation rows a tile computes at once: four rows' accumulators and the weights' vectors fill the 16
+    /// registers.
+    pub const TILE: usize = 4;
+
+    pub fn available() -> bool {
+        crate::kernels::cpu::features().avx2_fma_f16c
+    }
+
+    /// A `q4k_tile` or `q6k_tile` instance for `R` rows: `tile(w, act, r0, out, stride)`.
+    ///
+    /// Calling one is safe when the CPU supports AVX2, FMA and F16C, and `out` is valid for writes of
+    /// `out[r · stride .. r · stride + 16]` for each `r < R`, elements no other thread accesses meanwhile. The
+    /// tile reads only the whole super-blocks of `w`, and checks the activation rows `r0..r0 + R` against `act`.
+    pub type TileFn = unsafe fn(&[u8], &Q8KRows, usize, *mut f32, usize);
+
+    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]).
+    pub fn tile_fn(kind: KKind, rows: usize) -> TileFn {
+        macro_rules! rows {
+            ($f:ident) => {
+                match rows {
+                    1 => $f::<1>,
+                    2 => $f::<2>,
+                    3 => $f::<3>,
+                    _ => $f::<TILE>,
+                }
+            };
+        }
+        match kind {
+            KKind::Q4K => rows!(q4k_tile),
+            KKind::Q6K => rows!(q6k_tile),
+        }
+    }
+
+    /// Half `half` (rows `8 · half ..`) of vector `c` of 32 columns (`chunk`): its low nibbles are columns
+    /// `4c..4c + 4`, its high nibbles columns `16 + 4c..`, for `c < 4`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `chunk < 8`, `c < 4`, `half < 2`, and `blk` is valid for reads of a group
+    /// super-block's integers (`NIBBLES + 2048` bytes).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn packed(blk: *const u8, chunk: usize, c: usize, half: usize) -> __m256i {
+        _mm256_loadu_si256(blk.add(NIBBLES + chunk * 256 + 64 * c + 32 * half) as *const _)
+    }
+
+    /// The 8 activation rows' broadcast of activation integers `4c..4c + 4` of row `a`.
+    ///
+    /// # Safety
+    /// The CPU supports AVX; `a` is valid for reads of `c + 1` i32 (any alignment).
+    #[inline]
+    #[target_feature(enable = "avx")]
+    unsafe fn four(a: *const i32, c: usize) -> __m256i {
+        _mm256_set1_epi32(a.add(c).read_unaligned())
+    }
+
+    /// Eight rows' f32 values from 8 bytes at `at` (u8 or i8 by `signed`).
+    ///
+    /// # Safety
+    /// The CPU supports AVX2; `at` is valid for reads of 8 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scales(at: *const u8, signed: bool) -> __m256 {
+        let b = _mm_loadl_epi64(at as *const _);
+        _mm256_cvtepi32_ps(if signed { _mm256_cvtepi8_epi32(b) } else { _mm256_cvtepu8_epi32(b) })
+    }
+
+    /// Eight rows' f16 values at `at` as f32.
+    ///
+    /// # Safety
+    /// The CPU supports F16C; `at` is valid for reads of 16 bytes.
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn halfs(at: *const u8) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(at as *const _))
+    }
+
+    /// Prefetches the `part`-th eighth of the cache lines of `bytes` bytes at `next` (the next super-block, read
+    /// while this one is computed: one core's loads alone leave the product waiting on memory).
+    #[inline]
+    fn prefetch_eighth(next: *const u8, bytes: usize, part: usize) {
+        let lines = bytes.div_ceil(64);
+        for line in part * lines / 8..(part + 1) * lines / 8 {
+            // SAFETY: SSE is part of x86-64; a prefetch never faults, whatever the address (formed with
+            // wrapping arithmetic).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8) };
+        }
+    }
+
+    /// `R` activation rows (from `r0`) against one 16-row group of Q4_K super-blocks: writes
+    /// `out[r · stride .. r · stride + 16]` for each. Up to two rows take both halves of each vector at once
+    /// (each cache line read once); more rows take one half at a time, whose accumulators fit the registers.
+    ///
+    /// # Safety
+    /// As for a [`TileFn`]: AVX2, FMA and F16C, and `out` valid for writes of 16 floats at each `r · stride`,
+    /// `r < R`, that no other thread accesses meanwhile.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4k_tile<const R: usize>(w: &[u8], act: &Q8KRows, r0: usize, out: *mut f32, stride: usize) {
+        if R <= 2 {
+            q4k_halves::<R, 2>(w, act, r0, (out, stride), 0);
+        } else {
+            q4k_halves::<R, 1>(w, act, r0, (out, stride), 0);
+            q4k_halves::<R, 1>(w, act, r0, (out, stride), 1);
+        }
+    }
+
+    /// [`q4k_tile`] for the `H` halves of 8 weight rows from half `first`.
+    ///
+    /// # Safety
+    /// As for [`q4k_tile`], with `first + H ≤ 2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q4k_halves<const R: usize, const H: usize>(
+        w: &[u8],
+        act: &Q8KRows,
+        r0: usize,
+        (out, stride): (*mut f32, usize),
+        first: usize,
+    ) {
+        let bytes = KKind::Q4K.group_bytes();
+        let nsb = w.len() / bytes;
+        let k = nsb * QK_K;
+        // The activations are read unchecked below.
+        assert!((r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
+        let (low, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let mut acc = [[_mm256_setzero_ps(); H]; R];
+        for s in 0..nsb {
+            let blk = w.as_ptr().add(s * bytes);
+            let mut sums = [[_mm256_setzero_ps(); H]; R];
+            for j in 0..8 {
+                if first == 0 {
+                    prefetch_eighth(blk.wrapping_add(bytes), bytes, j);
+                }
+                let a: [*const i32; R] =
+                    std::array::from_fn(|r| act.qs.as_ptr().add((r0 + r) * k + s * QK_K + 32 * j) as *const i32);
+                let mut dots = [[_mm256_setzero_si256(); H]; R];
+                for c in 0..4 {
+                    for h in 0..H {
+                        let v = packed(blk, j, c, first + h);
+                        let (lo, hi) = (_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+                        for (r, dot) in dots.iter_mut().enumerate() {
+                            let pair = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(lo, four(a[r], c)),
+                                _mm256_maddubs_epi16(hi, four(a[r], c + 4)),
+                            );
+                            dot[h] = _mm256_add_epi16(dot[h], pair);
+                        }
+                    }
+                }
+                for h in 0..H {
+                    let sc = scales(blk.add(Q4K_SCALES + 16 * j + 8 * (first + h)), false);
+                    for (sum, dot) in sums.iter_mut().zip(&dots) {
+                        sum[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(dot[h], ones)), sc, sum[h]);
+                    }
+                }
+            }
+            for h in 0..H {
+                let half = first + h;
+                let (d, dmin) = (halfs(blk.add(Q4K_D + 16 * half)), halfs(blk.add(Q4K_D + 32 + 16 * half)));
+                let mins: [__m256i; 4] = std::array::from_fn(|p| {
+                    _mm256_cvtepu8_epi16(_mm_loadu_si128(blk.add(Q4K_MINS + 32 * p + 16 * half) as *const _))
+                });
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let row_sb = (r0 + r) * nsb + s;
+                    let mut msum = _mm256_setzero_si256();
+                    for (p, m) in mins.iter().enumerate() {
+                        let pairs = _mm256_set1_epi32(act.sum32_pairs[row_sb * 4 + p]);
+                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(*m, pairs));
+                    }
+                    let da = _mm256_set1_ps(act.d[row_sb]);
+                    acc[h] = _mm256_fmadd_ps(sums[r][h], _mm256_mul_ps(d, da), acc[h]);
+                    acc[h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, da), acc[h]);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (h, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(r * stride + 8 * (first + h)), *acc);
+            }
+        }
+    }
+
+    /// As [`q4k_tile`] for Q6_K: 16-column sub-blocks, each integer dot product starting from
+    /// `−32 · Σ activations` (the held integers are `q + 32`).
+    ///
+    /// # Safety
+    /// As for [`q4k_tile`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6k_tile<const R: usize>(w: &[u8], act: &Q8KRows, r0: usize, out: *mut f32, stride: usize) {
+        if R <= 2 {
+            q6k_halves::<R, 2>(w, act, r0, (out, stride), 0);
+        } else {
+            q6k_halves::<R, 1>(w, act, r0, (out, stride), 0);
+            q6k_halves::<R, 1>(w, act, r0, (out, stride), 1);
+        }
+    }
+
+    /// [`q6k_tile`] for the `H` halves of 8 weight rows from half `first`.
+    ///
+    /// # Safety
+    /// As for [`q4k_tile`], with `first + H ≤ 2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q6k_halves<const R: usize, const H: usize>(
+        w: &[u8],
+        act: &Q8KRows,
+        r0: usize,
+        (out, stride): (*mut f32, usize),
+        first: usize,
+    ) {
+        let bytes = KKind::Q6K.group_bytes();
+        let nsb = w.len() / bytes;
+        let k = nsb * QK_K;
+        // The activations are read unchecked below.
+        assert!((r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
+        let (low, three, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30), _mm256_set1_epi16(1));
+        let mut acc = [[_mm256_setzero_ps(); H]; R];
+        for s in 0..nsb {
+            let blk = w.as_ptr().add(s * bytes);
+            let mut sums = [[_mm256_setzero_ps(); H]; R];
+            for chunk in 0..8 {
+                if first == 0 {
+                    prefetch_eighth(blk.wrapping_add(bytes), bytes, chunk);
+                }
+                let a: [*const i32; R] =
+                    std::array::from_fn(|r| act.qs.as_ptr().add((r0 + r) * k + s * QK_K + 32 * chunk) as *const i32);
+                // Sub-block `sub` of 16 columns: the low nibbles of the 4 vectors hold columns 0..16 (`sub` 0),
+                // the high nibbles 16..32; the fifth and sixth bits are in `Q6K_HIGH`.
+                for sub in 0..2 {
+                    for h in 0..H {
+                        let half = first + h;
+                        let high =
+                            _mm256_loadu_si256(blk.add(Q6K_HIGH + chunk * 128 + 64 * sub + 32 * half) as *const _);
+                        let ints: [__m256i; 4] = std::array::from_fn(|c| {
+                            let v = packed(blk, chunk, c, half);
+                            let nib = if sub == 0 { v } else { _mm256_srli_epi16(v, 4) };
+                            // Bits 2c..2c+2 of `high`, moved to bits 4..6.
+                            let fifth = match c {
+                                0 => _mm256_slli_epi16(high, 4),
+                                1 => _mm256_slli_epi16(high, 2),
+                                2 => high,
+                                _ => _mm256_srli_epi16(high, 2),
+                            };
+                            _mm256_or_si256(_mm256_and_si256(nib, low), _mm256_and_si256(fifth, three))
+                        });
+                        let sc = scales(blk.add(Q6K_SCALES + 16 * (2 * chunk + sub) + 8 * half), true);
+                        for (r, sum) in sums.iter_mut().enumerate() {
+                            let y = |c: usize| four(a[r], 4 * sub + c);
+                            let p01 = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(ints[0], y(0)),
+                                _mm256_maddubs_epi16(ints[1], y(1)),
+                            );
+                            let p23 = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(ints[2], y(2)),
+                                _mm256_maddubs_epi16(ints[3], y(3)),
+                            );
+                            let s16 = ((r0 + r) * nsb + s) * 16 + 2 * chunk + sub;
+                            let dot = _mm256_add_epi32(
+                                _mm256_set1_epi32(-32 * act.sum16[s16]),
+                                _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)),
+                            );
+                            sum[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), sc, sum[h]);
+                        }
+                    }
+                }
+            }
+            for h in 0..H {
+                let d = halfs(blk.add(Q6K_D + 16 * (first + h)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let da = _mm256_set1_ps(act.d[(r0 + r) * nsb + s]);
+                    acc[h] = _mm256_fmadd_ps(sums[r][h], _mm256_mul_ps(d, da), acc[h]);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (h, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(r * stride + 8 * (first + h)), *acc);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Tensor};
@@ -767,7 +1125,7 @@ mod tests {
         blocks.push(vec![0.0; QK_K]);
         for x in blocks {
             let (mut a, mut b) = ([0i8; QK_K], [0i8; QK_K]);
-            let scalar = quantize_superblock_scalar(&x, &mut a);
+            let scalar = quantize_superblock_portable(&x, &mut a);
             // SAFETY: AVX-512 was detected.
             let simd = unsafe { avx512::quantize_superblock(&x, &mut b) };
             assert_eq!((scalar, a), (simd, b), "block {x:?}");
@@ -806,16 +1164,86 @@ mod tests {
     /// multiple of the group, so the padding is covered, and 6 activation rows take two tiles.
     #[test]
     fn matches_candle_kernel() {
-        if !avx512::available() {
-            return;
+        for isa in Isa::all_here() {
+            for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
+                let (n, k, m) = (70, 512, 6);
+                let q = weights(kind, n, k);
+                let sb = SuperBlockMatrix::from_qtensor_on(&q, isa).unwrap().unwrap();
+                let x = input(m, k);
+                let y = sb.matmul(&x, m);
+                assert_matches_candle(q, &x, m, &y, &format!("{kind:?} on {isa:?}"));
+            }
         }
-        for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
-            let (n, k, m) = (70, 512, 6);
-            let q = weights(kind, n, k);
-            let sb = SuperBlockMatrix::from_qtensor(&q).unwrap().unwrap();
-            let x = input(m, k);
-            let y = sb.matmul(&x, m);
-            assert_matches_candle(q, &x, m, &y, &format!("{kind:?}"));
+    }
+
+    /// One output element as every kernel computes it, written out in scalar code from the file's blocks
+    /// (unpacked) and the portable Q8_K activations: integer dot products per sub-block, then the same fused
+    /// float steps in the same order. Each instruction set must give these bits.
+    fn reference(kind: KKind, row: &[u8], act: &Q8KRows, r: usize) -> f32 {
+        let nsb = row.len() / kind.block_bytes();
+        let k = nsb * QK_K;
+        let mut acc = 0f32;
+        for (s, block) in row.chunks_exact(kind.block_bytes()).enumerate() {
+            let u = unpack(kind, block);
+            let a = &act.qs[r * k + s * QK_K..][..QK_K];
+            let da = act.d[r * nsb + s];
+            let dot =
+                |from: usize, len: usize| -> i32 { (from..from + len).map(|e| u.q[e] as i32 * a[e] as i32).sum() };
+            let mut sum = 0f32;
+            match kind {
+                KKind::Q4K => {
+                    let mut msum = 0i32;
+                    for j in 0..8 {
+                        sum = (dot(32 * j, 32) as f32).mul_add(u.scales[j] as f32, sum);
+                        let sum32: i32 = a[32 * j..32 * (j + 1)].iter().map(|&q| q as i32).sum();
+                        msum += u.mins[j] as i32 * sum32;
+                    }
+                    acc = sum.mul_add(u.d * da, acc);
+                    acc = (-(msum as f32)).mul_add(u.dmin * da, acc);
+                }
+                KKind::Q6K => {
+                    for j in 0..16 {
+                        let d = dot(16 * j, 16) - 32 * act.sum16[(r * nsb + s) * 16 + j];
+                        sum = (d as f32).mul_add(u.scales[j] as f32, sum);
+                    }
+                    acc = sum.mul_add(u.d * da, acc);
+                }
+            }
+        }
+        acc
+    }
+
+    /// Every instruction set this CPU runs gives each output the reference's bits, for 1 to 8 activation rows
+    /// (AVX2 tiles of 4 and the rest) and a weight whose rows are not a multiple of the group: an AVX-512 and
+    /// an AVX2 machine decode the same text.
+    #[test]
+    fn every_isa_gives_the_reference_bits() {
+        let isas = Isa::all_here();
+        assert!(!isas.is_empty() || Isa::detect().is_none(), "detection and the list of instruction sets agree");
+        for isa in isas {
+            for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
+                let (n, k) = (40, 3 * QK_K);
+                let q = weights(kind, n, k);
+                let kk = KKind::of(kind).unwrap();
+                let data = q.data().unwrap();
+                let sb = SuperBlockMatrix::from_qtensor_on(&q, isa).unwrap().unwrap();
+                for m in [1, 3, 4, 5, 8] {
+                    let x = input(m, k);
+                    let act = Q8KRows::quantize(&x, m, k, Isa::Avx2);
+                    let y = sb.matmul(&x, m);
+                    for r in 0..m {
+                        for (i, row) in data.chunks_exact(data.len() / n).enumerate() {
+                            let expected = reference(kk, row, &act, r);
+                            assert_eq!(
+                                y[r * n + i].to_bits(),
+                                expected.to_bits(),
+                                "{kind:?} on {isa:?}, {m} rows: [{r}, {i}] {} vs {expected}",
+                                y[r * n + i]
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -824,23 +1252,21 @@ mod tests {
     #[test]
     fn shared_products_match_their_own() {
         use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated};
-        if !avx512::available() {
-            return;
+        for isa in Isa::all_here() {
+            let k = 512;
+            let matrix = |kind, n| SuperBlockMatrix::from_qtensor_on(&weights(kind, n, k), isa).unwrap().unwrap();
+            let (q4, q6, up) = (matrix(GgmlDType::Q4K, 48), matrix(GgmlDType::Q6K, 70), matrix(GgmlDType::Q6K, 48));
+            for m in [1, 5, 8, 11] {
+                let x = input(m, k);
+                let shared = matmul_shared(&[&q4, &q6], &x, m, k).unwrap();
+                assert_eq!(shared, [q4.matmul(&x, m), q6.matmul(&x, m)], "{m} rows");
+                let mut expected = up.matmul(&x, m);
+                crate::kernels::activations::silu_mul(&q4.matmul(&x, m), &mut expected);
+                assert_eq!(matmul_silu_gated(&q4, &up, &x, m, k).unwrap(), expected, "gated, {m} rows");
+            }
+            let q8 = BlockMatrix::from_qtensor(&weights(GgmlDType::Q8_0, 16, k)).unwrap().unwrap();
+            assert!(matmul_shared(&[&q4, &q8], &input(1, k), 1, k).is_none());
         }
-        let k = 512;
-        let q4 = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q4K, 48, k)).unwrap().unwrap();
-        let q6 = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q6K, 70, k)).unwrap().unwrap();
-        let up = SuperBlockMatrix::from_qtensor(&weights(GgmlDType::Q6K, 48, k)).unwrap().unwrap();
-        for m in [1, 5, 8, 11] {
-            let x = input(m, k);
-            let shared = matmul_shared(&[&q4, &q6], &x, m, k).unwrap();
-            assert_eq!(shared, [q4.matmul(&x, m), q6.matmul(&x, m)], "{m} rows");
-            let mut expected = up.matmul(&x, m);
-            crate::kernels::activations::silu_mul(&q4.matmul(&x, m), &mut expected);
-            assert_eq!(matmul_silu_gated(&q4, &up, &x, m, k).unwrap(), expected, "gated, {m} rows");
-        }
-        let q8 = BlockMatrix::from_qtensor(&weights(GgmlDType::Q8_0, 16, k)).unwrap().unwrap();
-        assert!(matmul_shared(&[&q4, &q8], &input(1, k), 1, k).is_none());
     }
 
     /// Rows computed through AMX tiles (16 at a time) are bit for bit the same rows computed alone through
@@ -879,16 +1305,17 @@ mod tests {
     /// A row's result does not depend on the other rows in the block.
     #[test]
     fn rows_are_independent() {
-        if !avx512::available() {
-            return;
-        }
-        for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        for (isa, kind) in Isa::all_here().into_iter().flat_map(|isa| [(isa, GgmlDType::Q4K), (isa, GgmlDType::Q6K)]) {
             let (n, k, m) = (40, 768, 7);
-            let sb = SuperBlockMatrix::from_qtensor(&weights(kind, n, k)).unwrap().unwrap();
+            let sb = SuperBlockMatrix::from_qtensor_on(&weights(kind, n, k), isa).unwrap().unwrap();
             let x = input(m, k);
             let block = sb.matmul(&x, m);
             for r in 0..m {
-                assert_eq!(sb.matmul(&x[r * k..(r + 1) * k], 1), block[r * n..(r + 1) * n], "{kind:?} row {r}");
+                assert_eq!(
+                    sb.matmul(&x[r * k..(r + 1) * k], 1),
+                    block[r * n..(r + 1) * n],
+                    "{kind:?} on {isa:?}, row {r}"
+                );
             }
         }
     }
