@@ -53,3 +53,34 @@ fn detect() -> Features {
 fn detect() -> Features {
     Features { avx2_fma: false, avx2_fma_f16c: false, avx512f: false, avx512_vnni: false, amx_int8: false }
 }
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The library is compiled for the x86-64 baseline, so every extension a kernel uses is chosen at run time
+    /// (a binary built here runs on a machine without AVX2); and what run time detects is what the kernel lists
+    /// in /proc/cpuinfo, so no kernel runs an extension this CPU lacks (AVX-VNNI, AMX and AVX-512 included).
+    #[test]
+    fn extensions_are_chosen_at_run_time_from_the_cpus_own_flags() {
+        assert!(
+            !cfg!(target_feature = "avx2") && !cfg!(target_feature = "avx512f"),
+            "built with AVX2 or AVX-512 enabled at compile time (a target-cpu flag?): the binary would not run on \
+             every x86-64 machine"
+        );
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo is readable on Linux");
+        let flags: Vec<&str> = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .expect("a flags line")
+            .split_whitespace()
+            .collect();
+        let has = |f: &str| flags.contains(&f);
+        let f = features();
+        assert_eq!(f.avx2_fma, has("avx2") && has("fma"), "{f:?}");
+        assert_eq!(f.avx2_fma_f16c, f.avx2_fma && has("f16c"), "{f:?}");
+        assert_eq!(f.avx512f, has("avx512f"), "{f:?}");
+        assert_eq!(f.avx512_vnni, has("avx512f") && has("avx512bw") && has("avx512_vnni") && has("f16c"), "{f:?}");
+        assert!(!f.amx_int8 || has("amx_int8"), "AMX chosen on a CPU that does not list it: {f:?}");
+    }
+}

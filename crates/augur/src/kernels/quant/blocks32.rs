@@ -1,18 +1,20 @@
 //! Matrix products for the 32-element GGUF block types: Q4_1 (SmolLM2's Q4_1 file) and Q5_0 (most of
 //! Qwen2.5-Coder-0.5B and Gemma 3 270M), for which candle 0.11 has only scalar dot products on x86
-//! (`vec_dot_unopt`, most of a forward), and, where AVX-512 VNNI is present, Q4_0 and Q8_0 too (candle's
-//! Q8_0 falls well short of memory speed).
+//! (`vec_dot_unopt`, most of a forward), and Q4_0 and Q8_0 too (candle's Q8_0 falls well short of memory
+//! speed).
 //!
 //! Activations are quantized per 32-element block to 8 bits (llama.cpp's Q8_1: scale, integer sum). Each
 //! output element is computed by the same arithmetic whatever the number of rows: a token verified in a block
 //! gets bit-identical logits to the same token decoded alone.
 //!
 //! Two layouts:
-//! - [`Layout::Interleaved`] (AVX-512 VNNI): at load, the weights are regrouped by 16 rows so that one
-//!   `vpdpbusd` multiplies 4 weights of each of 16 rows by the same 4 activations: a block of 16 rows × 32
-//!   weights costs 8 multiply-adds and no horizontal sums, and the 16 results land in one register. Stored
-//!   bytes are the same as the file's, so the product runs at memory speed.
-//! - [`Layout::Rows`] (AVX2 or scalar): the file's row-major blocks; every weight row is read once for the
+//! - [`Layout::Interleaved`] (AVX-512 VNNI, and AVX2): at load, the weights are regrouped by 16 rows so that
+//!   one `vpdpbusd` multiplies 4 weights of each of 16 rows by the same 4 activations: a block of 16 rows × 32
+//!   weights costs 8 multiply-adds and no horizontal sums, and the 16 results land in one register. AVX2
+//!   reads the same layout 8 rows at a time (`vpmaddubsw`, `vpmaddwd`), with the same integer sums and the
+//!   same float steps, so the same bits. Stored bytes are the same as the file's, so the product runs at
+//!   memory speed.
+//! - [`Layout::Rows`] (scalar machines, and the tests): the file's row-major blocks; every weight row is read once for the
 //!   rows of a block of tokens and each weight block is unpacked once for four of them.
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -95,7 +97,7 @@ pub struct BlockMatrix {
 /// One quantized activation block as llama.cpp's Q8_1 stores it: the integers, the scale and the scaled sum
 /// (both rounded through f16, as ggml and candle do), and the integer sum.
 #[derive(Clone, Copy)]
-#[repr(C, align(32))]
+#[repr(C)]
 struct Q8Block {
     qs: [i8; QK],
     d: f32,
@@ -126,7 +128,7 @@ impl QuantKernel for BlockMatrix {
             #[cfg(target_arch = "x86_64")]
             Layout::Interleaved => self.matmul_interleaved(x, m, n),
             #[cfg(not(target_arch = "x86_64"))]
-            Layout::Interleaved => unreachable!("the interleaved layout is only built where AVX-512 was detected"),
+            Layout::Interleaved => unreachable!("the interleaved layout is only built where AVX2 was detected"),
         }
     }
 
@@ -150,9 +152,28 @@ impl SharedKernel for BlockMatrix {
         else {
             unreachable!("activations of another format")
         };
-        // The tile is the AVX-512 kernel over interleaved groups.
+        // The tile is the AVX-512 or the AVX2 kernel over interleaved groups.
         assert_eq!(self.layout, Layout::Interleaved, "group tiles of a {:?} {:?} weight", self.layout, self.kind);
         let (kind, nb) = (self.kind, self.k / QK);
+        #[cfg(target_arch = "x86_64")]
+        if Simd::detect() == Simd::Avx2 {
+            return GroupTiles {
+                data: &self.data,
+                n: self.n,
+                group_bytes: nb * GROUP * kind.block_bytes(),
+                amx: None,
+                tile: Box::new(move |w, r0, rows, at, stride| {
+                    // At most `TILE` rows at once: past that the accumulators leave the 16 registers.
+                    for first in (0..rows).step_by(TILE) {
+                        let part = TILE.min(rows - first);
+                        // SAFETY: the interleaved layout is only built where AVX2, FMA and F16C were detected;
+                        // `w` is one group, `nb` group-blocks of `kind`; the tile checks the activation rows;
+                        // `run`'s caller vouches for `rows`, `at` and `stride`, of which these rows are a part.
+                        unsafe { avx2::tile_fn(kind, part)(w, nb, act, r0 + first, at.add(first * stride), stride) }
+                    }
+                }),
+            };
+        }
         GroupTiles {
             data: &self.data,
             n: self.n,
@@ -160,8 +181,8 @@ impl SharedKernel for BlockMatrix {
             amx: self.amx_tile(act),
             tile: Box::new(move |w, r0, rows, at, stride| {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: the interleaved layout is only built where AVX-512 F, BW, VNNI and F16C were detected
-                // (asserted above); `w` is one group, `nb` group-blocks of `kind` (`GroupTiles::run` slices it);
+                // SAFETY: the interleaved layout is built where AVX-512 F, BW, VNNI and F16C were detected, or
+                // AVX2 (taken above); `w` is one group, `nb` group-blocks of `kind` (`GroupTiles::run` slices it);
                 // the tile checks the activation rows; `run`'s caller vouches for `rows`, `at` and `stride`.
                 unsafe {
                     avx512::tile_fn(kind, rows)(w, nb, act, r0, at, stride)
@@ -199,10 +220,7 @@ impl BlockMatrix {
 
     /// `Some` for the block types this machine has a kernel for, in the fastest layout it can run.
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
-        let layout = match Simd::detect() {
-            Simd::Avx512 => Layout::Interleaved,
-            _ => Layout::Rows,
-        };
+        let layout = if Simd::detect().interleaves() { Layout::Interleaved } else { Layout::Rows };
         Self::with_layout(q, layout)
     }
 
@@ -213,7 +231,7 @@ impl BlockMatrix {
         let (n, k) = q.shape().dims2()?;
         let runnable = match layout {
             Layout::Rows => true,
-            Layout::Interleaved => Simd::detect() == Simd::Avx512,
+            Layout::Interleaved => Simd::detect().interleaves(),
         };
         if k % QK != 0 || !runnable {
             return Ok(None);
@@ -238,7 +256,7 @@ impl BlockMatrix {
     /// a time: the tensor is never held twice while it is regrouped.
     pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
         let Some(kind) = BlockKind::of(dtype) else { return Ok(None) };
-        if !k.is_multiple_of(QK) || Simd::detect() != Simd::Avx512 {
+        if !k.is_multiple_of(QK) || !Simd::detect().interleaves() {
             return Ok(None);
         }
         let data = interleave(kind, n, k, read)?;
@@ -264,7 +282,6 @@ impl BlockMatrix {
         let row_bytes = nb * self.kind.block_bytes();
         // `[n, m]`: each weight row gives its m outputs together; transposed at the end.
         let mut out_t = vec![0f32; n * m];
-        let simd = Simd::detect();
         let dst = SharedOut::new(&mut out_t);
         for_each_chunk(n, |range| {
             // SAFETY: the chunks of weight rows are disjoint, and so are their outputs.
@@ -272,9 +289,8 @@ impl BlockMatrix {
             for (i, outs) in chunk.chunks_mut(m).enumerate() {
                 let row = range.start + i;
                 let w = &self.data[row * row_bytes..(row + 1) * row_bytes];
-                for (tile, o) in outs.chunks_mut(TILE).enumerate() {
-                    let rows = tile * TILE..tile * TILE + o.len();
-                    dot_rows(self.kind, simd, w, &act[rows.start * nb..rows.end * nb], o);
+                for (r, o) in outs.iter_mut().enumerate() {
+                    *o = dot_scalar(self.kind, w, &act[r * nb..(r + 1) * nb]);
                 }
             }
         });
@@ -291,8 +307,8 @@ impl BlockMatrix {
     }
 }
 
-/// Activation rows that share one unpacking of each weight block: in the row layout (16 AVX2 registers)
-/// and in the interleaved one (32 AVX-512 registers).
+/// Activation rows an AVX2 group tile computes at once: four rows' accumulators and a block's vectors fill
+/// the 16 registers.
 const TILE: usize = 4;
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
@@ -356,9 +372,8 @@ impl Q8Rows {
         let blocks = m * (k / QK);
         let (qs, d, s) = (vec![0; m * k], vec![0.0; blocks], vec![0.0; blocks]);
         let mut rows = Q8Rows { qs, d, correction: vec![0; blocks], s };
-        // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time. (Activations are
-        // only quantized here for the interleaved layout, built where AVX-512 was detected; checked again, as a
-        // weight of the row layout can still be asked.)
+        // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time, with AVX-512
+        // where it was detected (the same bits as the scalar code, which AVX2 machines run).
         #[cfg(target_arch = "x86_64")]
         let simd = Simd::detect() == Simd::Avx512;
         #[cfg(target_arch = "x86_64")]
@@ -433,6 +448,11 @@ enum Simd {
 }
 
 impl Simd {
+    /// Whether this machine runs the interleaved layout's tiles.
+    fn interleaves(self) -> bool {
+        self != Simd::Scalar
+    }
+
     fn detect() -> Self {
         let f = crate::kernels::cpu::features();
         if f.avx2_fma_f16c && f.avx512_vnni {
@@ -441,30 +461,6 @@ impl Simd {
             Simd::Avx2
         } else {
             Simd::Scalar
-        }
-    }
-}
-
-/// `out[r]` = weight row `w` · activation row `r` of `acts` (`out.len()` rows of `w`'s block count, at most
-/// [`TILE`]). Every row gets the same arithmetic in the same order whatever the number of rows.
-fn dot_rows(kind: BlockKind, simd: Simd, w: &[u8], acts: &[Q8Block], out: &mut [f32]) {
-    let nb = acts.len() / out.len();
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `simd` is what `Simd::detect` found (both callers), so AVX2, FMA and F16C are present; `w` is
-        // a row of whole blocks of `kind` (the row layout's rows).
-        Simd::Avx2 | Simd::Avx512 => unsafe {
-            match out.len() {
-                1 => avx2::dot_tile::<1>(kind, w, acts, nb, out),
-                2 => avx2::dot_tile::<2>(kind, w, acts, nb, out),
-                3 => avx2::dot_tile::<3>(kind, w, acts, nb, out),
-                _ => avx2::dot_tile::<TILE>(kind, w, acts, nb, out),
-            }
-        },
-        _ => {
-            for (r, o) in out.iter_mut().enumerate() {
-                *o = dot_scalar(kind, w, &acts[r * nb..(r + 1) * nb]);
-            }
         }
     }
 }
@@ -530,15 +526,176 @@ fn offset_term(kind: BlockKind, offset: f32, a: &Q8Block) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{BlockKind, Q8Block};
+    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, QK, TILE};
 
-    /// The f16 in `b[0..2]`, little-endian, as f32.
+    /// How far ahead (in group-blocks) the interleaved weights are prefetched, as the AVX-512 tile does.
+    const PREFETCH_BLOCKS: usize = 8;
+
+    const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
+
+    /// A [`group_tile`] instance for one weight type and row count `R`: `tile(w, nb, act, r0, out, stride)`.
+    ///
+    /// Calling one is safe when the CPU supports AVX2, FMA and F16C; `w` holds `nb` interleaved group-blocks
+    /// of the instance's type (they are read unchecked); and `out` is valid for writes of
+    /// `out[r · stride .. r · stride + 16]` for each `r < R`, elements no other thread accesses meanwhile. The
+    /// activation rows `r0..r0 + R` are checked against `act`.
+    pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
+
+    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]).
+    pub fn tile_fn(kind: BlockKind, rows: usize) -> TileFn {
+        macro_rules! rows {
+            ($k:literal) => {
+                match rows {
+                    1 => group_tile::<1, $k>,
+                    2 => group_tile::<2, $k>,
+                    3 => group_tile::<3, $k>,
+                    _ => group_tile::<TILE, $k>,
+                }
+            };
+        }
+        match kind {
+            BlockKind::Q4_0 => rows!(0),
+            BlockKind::Q4_1 => rows!(1),
+            BlockKind::Q5_0 => rows!(2),
+            BlockKind::Q8_0 => rows!(3),
+        }
+    }
+
+    /// The held integers of half `half` (rows `8 · half ..`) of the group-block at `blk`: vector c holds
+    /// elements 4c..4c + 4 of the 8 rows. Q8_0's are returned signed (`q − 128`, the stored `qs`), for the
+    /// sign trick of [`group_halves`]; the others unsigned.
     ///
     /// # Safety
-    /// The CPU supports AVX2, FMA and F16C (`b` is indexed with bounds checks).
+    /// The CPU supports AVX2; `half < 2` and `blk` is valid for reads of one group-block of `kind`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn half_ints(kind: BlockKind, blk: *const u8, half: usize) -> [__m256i; 8] {
+        let load = |at: usize| _mm256_loadu_si256(blk.add(at + 32 * half) as *const __m256i);
+        let mut wq = [_mm256_setzero_si256(); 8];
+        if kind == BlockKind::Q8_0 {
+            for (c, v) in wq.iter_mut().enumerate() {
+                *v = _mm256_xor_si256(load(64 * c), _mm256_set1_epi8(i8::MIN));
+            }
+            return wq;
+        }
+        let low = _mm256_set1_epi8(0x0F);
+        for c in 0..4 {
+            let v = load(64 * c);
+            wq[c] = _mm256_and_si256(v, low);
+            wq[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        if kind == BlockKind::Q5_0 {
+            let fifth = _mm256_set1_epi8(0x10);
+            for (c, v) in wq.iter_mut().enumerate() {
+                let bits = (blk.add(256 + 8 * c + 4 * half) as *const u32).read_unaligned();
+                *v = _mm256_or_si256(*v, _mm256_and_si256(bytes_from_bits(bits), fifth));
+            }
+        }
+        wq
+    }
+
+    /// `R` activation rows (from `r0`) against one interleaved group of 16 weight rows (`w`: `nb` group-blocks):
+    /// writes `out[r · stride .. r · stride + 16]` for each. Up to two rows take both halves of each vector at
+    /// once (each cache line read once); more rows take one half at a time.
+    ///
+    /// # Safety
+    /// As for a [`TileFn`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn f16_to_f32(b: &[u8]) -> f32 {
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([b[0], b[1]]) as i32)))
+    unsafe fn group_tile<const R: usize, const K: usize>(
+        w: &[u8],
+        nb: usize,
+        act: &Q8Rows,
+        r0: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        if R <= 2 {
+            group_halves::<R, K, 2>(w, nb, act, r0, (out, stride), 0);
+        } else {
+            group_halves::<R, K, 1>(w, nb, act, r0, (out, stride), 0);
+            group_halves::<R, K, 1>(w, nb, act, r0, (out, stride), 1);
+        }
+    }
+
+    /// [`group_tile`] for the `H` halves of 8 weight rows from half `first`. Per row and block the integer dot
+    /// product is the AVX-512 tile's (`vpmaddubsw` pairs summed in i16 while they cannot overflow: eight for the
+    /// four-bit types, four for Q5_0, one for Q8_0, whose magnitudes multiply the activations carrying the
+    /// weights' signs), the held-integer offset subtracted exactly, and the same float steps follow.
+    ///
+    /// # Safety
+    /// As for a [`TileFn`], with `first + H ≤ 2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_halves<const R: usize, const K: usize, const H: usize>(
+        w: &[u8],
+        nb: usize,
+        act: &Q8Rows,
+        r0: usize,
+        (out, stride): (*mut f32, usize),
+        first: usize,
+    ) {
+        let kind = KINDS[K];
+        let k = nb * QK;
+        let block_bytes = GROUP * kind.block_bytes();
+        let quant_bytes = group_quant_bytes(kind);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); H]; R];
+        // Checked once here, so that the row loop carries no bounds checks.
+        assert!((r0 + R) * nb <= act.d.len() && (r0 + R) * k <= act.qs.len(), "activation rows {r0}..{}", r0 + R);
+        let (qs, d, s, correction) = (act.qs.as_ptr(), act.d.as_ptr(), act.s.as_ptr(), act.correction.as_ptr());
+        for b in 0..nb {
+            let blk = w.as_ptr().add(b * block_bytes);
+            if first == 0 {
+                let ahead = blk.wrapping_add(PREFETCH_BLOCKS * block_bytes);
+                for line in (0..block_bytes).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                }
+            }
+            for h in 0..H {
+                let half = first + h;
+                let wq = half_ints(kind, blk, half);
+                let magnitudes: [__m256i; 8] =
+                    if kind == BlockKind::Q8_0 { std::array::from_fn(|c| _mm256_abs_epi8(wq[c])) } else { wq };
+                let at = |off: usize| _mm_loadu_si128(blk.add(quant_bytes + off + 16 * half) as *const __m128i);
+                let dw = _mm256_cvtph_ps(at(0));
+                let mw = if kind == BlockKind::Q4_1 { _mm256_cvtph_ps(at(32)) } else { _mm256_setzero_ps() };
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let y = |c: usize| {
+                        let y =
+                            _mm256_set1_epi32((qs.add((r0 + r) * k + b * QK + 4 * c) as *const i32).read_unaligned());
+                        if kind == BlockKind::Q8_0 {
+                            _mm256_sign_epi8(y, wq[c])
+                        } else {
+                            y
+                        }
+                    };
+                    let pairs = |c: usize| _mm256_maddubs_epi16(magnitudes[c], y(c));
+                    let widen = |from: usize, to: usize| {
+                        let sum = (from + 1..to).fold(pairs(from), |a, c| _mm256_add_epi16(a, pairs(c)));
+                        _mm256_madd_epi16(sum, ones)
+                    };
+                    let mut dot = match kind {
+                        BlockKind::Q8_0 => (1..8).fold(widen(0, 1), |a, c| _mm256_add_epi32(a, widen(c, c + 1))),
+                        BlockKind::Q5_0 => _mm256_add_epi32(widen(0, 4), widen(4, 8)),
+                        BlockKind::Q4_0 | BlockKind::Q4_1 => widen(0, 8),
+                    };
+                    let i = (r0 + r) * nb + b;
+                    if kind == BlockKind::Q4_0 || kind == BlockKind::Q5_0 {
+                        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(*correction.add(i)));
+                    }
+                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*d.add(i)));
+                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[h]);
+                    if kind == BlockKind::Q4_1 {
+                        acc[h] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*s.add(i)), acc[h]);
+                    }
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (h, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(r * stride + 8 * (first + h)), *acc);
+            }
+        }
     }
 
     /// 32 bytes, 0xFF where bit `i` of `bits` is set (llama.cpp's `bytes_from_bits_32`).
@@ -552,63 +709,6 @@ mod avx2 {
         let spread = _mm256_shuffle_epi8(v, shuf);
         let mask = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe_u64 as i64);
         _mm256_cmpeq_epi8(_mm256_or_si256(spread, mask), _mm256_set1_epi64x(-1))
-    }
-
-    /// `R` activation rows (`acts`: `R × nb` blocks) against one weight row: each weight block is unpacked
-    /// once for all of them. Q8_0's signed integers multiply as they are (no offset term): `|q| · (y · sign q)`,
-    /// as llama.cpp's AVX2 code does, since `vpmaddubsw` takes one unsigned operand.
-    ///
-    /// # Safety
-    /// The CPU supports AVX2, FMA and F16C, and `w` holds whole blocks of `kind`: each block's integers (16 bytes,
-    /// 32 for Q8_0) are loaded unchecked from where its layout puts them, the last byte of the block at the
-    /// furthest (the other accesses are bounds-checked).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_tile<const R: usize>(kind: BlockKind, w: &[u8], acts: &[Q8Block], nb: usize, out: &mut [f32]) {
-        let bytes = kind.block_bytes();
-        let low = _mm_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut offsets = [0f32; R];
-        for (i, b) in w.chunks_exact(bytes).enumerate() {
-            let d = f16_to_f32(b);
-            let (qs_at, offset) = match kind {
-                BlockKind::Q4_0 => (2, -8.0 * d),
-                BlockKind::Q4_1 => (4, f16_to_f32(&b[2..])),
-                BlockKind::Q5_0 => (6, -16.0 * d),
-                BlockKind::Q8_0 => (2, 0.0),
-            };
-            let q = if kind == BlockKind::Q8_0 {
-                _mm256_loadu_si256(b[qs_at..].as_ptr() as *const __m256i)
-            } else {
-                let packed = _mm_loadu_si128(b[qs_at..].as_ptr() as *const __m128i);
-                let lo = _mm_and_si128(packed, low);
-                let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-                let mut q = _mm256_set_m128i(hi, lo);
-                if kind == BlockKind::Q5_0 {
-                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                    q = _mm256_or_si256(q, _mm256_and_si256(bytes_from_bits(qh), _mm256_set1_epi8(0x10)));
-                }
-                q
-            };
-            // Q8_0: the magnitudes, the activations taking the weights' signs.
-            let q_unsigned = if kind == BlockKind::Q8_0 { _mm256_sign_epi8(q, q) } else { q };
-            for r in 0..R {
-                let a = &acts[r * nb + i];
-                let mut y = _mm256_load_si256(a.qs.as_ptr() as *const __m256i);
-                if kind == BlockKind::Q8_0 {
-                    y = _mm256_sign_epi8(y, q);
-                }
-                let prod = _mm256_madd_epi16(_mm256_maddubs_epi16(q_unsigned, y), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(prod), acc[r]);
-                offsets[r] += super::offset_term(kind, offset, a);
-            }
-        }
-        for r in 0..R {
-            let s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            out[r] = _mm_cvtss_f32(s) + offsets[r];
-        }
     }
 }
 
@@ -941,7 +1041,7 @@ pub(super) mod tests {
     fn variants() -> Vec<(GgmlDType, Layout)> {
         let kinds = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0];
         let mut v: Vec<_> = kinds.iter().map(|&kind| (kind, Layout::Rows)).collect();
-        if Simd::detect() == Simd::Avx512 {
+        if Simd::detect().interleaves() {
             v.extend(kinds.iter().map(|&kind| (kind, Layout::Interleaved)));
         }
         v
@@ -995,7 +1095,7 @@ pub(super) mod tests {
     /// row count and a row count that is not a multiple of 16; weights that differ in type are refused.
     #[test]
     fn shared_products_match_their_own() {
-        if Simd::detect() != Simd::Avx512 {
+        if !Simd::detect().interleaves() {
             return;
         }
         let k = 96;
@@ -1058,7 +1158,7 @@ pub(super) mod tests {
     /// The gated product gives the bits of the gate and up products followed by `silu_mul`.
     #[test]
     fn silu_gated_matches_products_then_silu() {
-        if Simd::detect() != Simd::Avx512 {
+        if !Simd::detect().interleaves() {
             return;
         }
         let (n, k) = (64, 128);
@@ -1076,10 +1176,65 @@ pub(super) mod tests {
         }
     }
 
-    /// A row's result does not depend on the other rows, and the row layout's SIMD and scalar dot products
-    /// agree.
+    /// One output of the interleaved tiles written out in scalar code: per block the exact integer dot product
+    /// less the held integers' offset, scaled by `d_w · d_a` in one fused step (Q4_1: then `+ m · s` in another),
+    /// in block order. Every instruction set must give these bits.
+    fn reference(kind: BlockKind, row: &[u8], act: &Q8Rows, r: usize) -> f32 {
+        let nb = row.len() / kind.block_bytes();
+        let mut acc = 0f32;
+        for (b, block) in row.chunks_exact(kind.block_bytes()).enumerate() {
+            let (q, dw, m) = unpack_scalar(kind, block);
+            let i = r * nb + b;
+            let a = &act.qs[(r * nb + b) * QK..][..QK];
+            let mut dot: i32 = q.iter().zip(a).map(|(&q, &a)| q as i32 * a as i32).sum();
+            if kind.offset() != 0 {
+                dot -= act.correction[i];
+            }
+            acc = (dot as f32).mul_add(dw * act.d[i], acc);
+            if kind == BlockKind::Q4_1 {
+                acc = m.mul_add(act.s[i], acc);
+            }
+        }
+        acc
+    }
+
+    /// The interleaved tiles of this machine (AVX-512 or AVX2) give each output the reference's bits, for 1
+    /// to 8 activation rows (AVX2 tiles of 4 and the rest) and a row count that is not a multiple of the group:
+    /// an AVX-512 and an AVX2 machine decode the same text.
     #[test]
-    fn rows_are_independent_and_simd_matches_scalar() {
+    fn interleaved_tiles_give_the_reference_bits() {
+        if !Simd::detect().interleaves() {
+            eprintln!("interleaved_tiles_give_the_reference_bits: NOT RUN, this CPU has neither AVX2 nor AVX-512");
+            return;
+        }
+        for dtype in [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0] {
+            let (n, k) = (40, 5 * QK);
+            let q = weights(dtype, n, k);
+            let kind = BlockKind::of(dtype).unwrap();
+            let bm = BlockMatrix::with_layout(&q, Layout::Interleaved).unwrap().unwrap();
+            let data = q.data().unwrap();
+            for m in [1, 2, 3, 4, 5, 8] {
+                let x = input(m, k);
+                let act = Q8Rows::quantize(&x, m, k, kind.offset());
+                let y = bm.matmul(&x, m);
+                for r in 0..m {
+                    for (i, row) in data.chunks_exact(data.len() / n).enumerate() {
+                        let expected = reference(kind, row, &act, r);
+                        let got = y[r * n + i];
+                        assert_eq!(
+                            got.to_bits(),
+                            expected.to_bits(),
+                            "{dtype:?} {m} rows: [{r}, {i}] {got} vs {expected}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row's result does not depend on the other rows, in either layout.
+    #[test]
+    fn rows_are_independent() {
         for (kind, layout) in variants() {
             let (n, k, m) = (40, 128, 5);
             let q = weights(kind, n, k);
@@ -1090,15 +1245,6 @@ pub(super) mod tests {
                 let one = bm.matmul(&x[r * k..(r + 1) * k], 1);
                 assert_eq!(&all[r * n..(r + 1) * n], &one[..], "{kind:?} {layout:?} row {r}");
             }
-            if layout == Layout::Interleaved {
-                continue;
-            }
-            let act: Vec<Q8Block> = x[..k].chunks_exact(QK).map(quantize_block).collect();
-            let row = &bm.data[..(k / QK) * bm.kind.block_bytes()];
-            let mut v = [0f32];
-            dot_rows(bm.kind, Simd::detect(), row, &act, &mut v);
-            let (s, v) = (dot_scalar(bm.kind, row, &act), v[0]);
-            assert!((s - v).abs() <= 1e-4 * (1.0 + s.abs()), "{kind:?}: scalar {s} vs simd {v}");
         }
     }
 }
