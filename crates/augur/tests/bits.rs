@@ -251,8 +251,8 @@ fn check(what: &str, lm: &dyn CausalLm) {
     batched_equal_alone(what, lm);
 }
 
-/// The product this machine runs for a weight of quantized `dtype`: ours on AVX-512 VNNI (Q4_0, Q4_1, Q5_0,
-/// Q8_0, Q4_K, Q6_K) or AVX2 with FMA and F16C (the four 32-element block types), candle's otherwise.
+/// The product this machine runs for a weight of quantized `dtype`: ours on AVX-512 VNNI or on AVX2 with FMA
+/// and F16C (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, the same bits on both), candle's otherwise.
 fn expected_path(dtype: GgmlDType) -> LinearPath {
     use GgmlDType::*;
     let mut own: &[GgmlDType] = &[];
@@ -260,11 +260,7 @@ fn expected_path(dtype: GgmlDType) -> LinearPath {
     {
         use std::arch::is_x86_feature_detected as has;
         if has!("avx2") && has!("fma") && has!("f16c") {
-            own = if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-                &[Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K]
-            } else {
-                &[Q4_0, Q4_1, Q5_0, Q8_0]
-            };
+            own = &[Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K];
         }
     }
     if own.contains(&dtype) {
