@@ -4,7 +4,8 @@
 N concurrent clients each send R completion requests (prompts from a file, one per line, or a built-in set),
 greedy, with `ignore_eos` so every request generates exactly --max-tokens tokens. Reports aggregate throughput
 and p50/p99 request latency as one JSON line; with --stream the answers are streamed and the time to the first
-text (p50/p99) is reported too. Standard library only.
+text (p50/p99) is reported too, and each request's decode rate after its first text (tokens after the first over
+the seconds from the first text to the last: the server's per-token cost, prefill apart; median over requests). Standard library only.
 
     python3 tools/bench/serve_load.py --url http://127.0.0.1:8080 --clients 4 --requests 8 --max-tokens 128 \
         [--speculation '{"method": "prompt_lookup", "prompt_lookup_num_tokens": 10}'] [--prompts FILE] [--chat] \
@@ -43,7 +44,7 @@ def main():
         with open(args.prompts) as f:
             prompts = [l.rstrip("\n") for l in f if l.strip()]
     path = "/v1/chat/completions" if args.chat else "/v1/completions"
-    latencies, first_text, tokens, errors = [], [], [], []
+    latencies, first_text, tokens, errors, decode_rates = [], [], [], [], []
     lock = threading.Lock()
 
     def client(c):
@@ -66,7 +67,7 @@ def main():
             )
             t0 = time.perf_counter()
             try:
-                first, used = None, None
+                first, last, used = None, None, None
                 with urllib.request.urlopen(req, timeout=600) as resp:
                     if args.stream:
                         for line in resp:
@@ -75,8 +76,10 @@ def main():
                             event = json.loads(line[6:])
                             choice = (event.get("choices") or [{}])[0]
                             text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                            if text and first is None:
-                                first = time.perf_counter() - t0
+                            if text:
+                                last = time.perf_counter() - t0
+                                if first is None:
+                                    first = last
                             if event.get("usage"):
                                 used = event["usage"]["completion_tokens"]
                     else:
@@ -87,6 +90,8 @@ def main():
                     tokens.append(used or 0)
                     if first is not None:
                         first_text.append(first)
+                        if used and used > 1 and last > first:
+                            decode_rates.append((used - 1) / (last - first))
             except Exception as e:  # noqa: BLE001 - counted and reported
                 with lock:
                     errors.append(str(e))
@@ -114,6 +119,7 @@ def main():
                 "latency_mean_s": statistics.mean(lat) if lat else None,
                 "ttft_p50_s": pick(0.5, ttft),
                 "ttft_p99_s": pick(0.99, ttft),
+                "decode_tokens_per_second_p50": round(statistics.median(decode_rates), 2) if decode_rates else None,
                 "speculation": json.loads(args.speculation) if args.speculation else None,
             }
         )
