@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 
 use augur::generation::config::GenerationOptions;
-use augur::generation::method::MethodName;
 use augur::generation::output::{GenerationOutput, TokenLogprob};
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::Prompt;
+use augur::speculation::method::MethodName;
 use augur::tokenizer::{ChatMessage, Tokenizer};
 use serde::de::IgnoredAny;
 use serde::Deserialize;

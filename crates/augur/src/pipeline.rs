@@ -13,15 +13,15 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::factory::{self, AssistantParts, AssistantRef, DraftParts};
-use crate::generation::drafters::BackoffPolicy;
-use crate::generation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
+use crate::generation::decode;
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats, TokenSink};
-use crate::generation::{decode, speculative};
 use crate::io::resolve::resolve_model;
 use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
+use crate::speculation::factory::{self, AssistantParts, AssistantRef, DraftParts};
+use crate::speculation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
+use crate::speculation::{speculative, BackoffPolicy};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// A prompt: raw text, or chat messages rendered with the model's chat template.

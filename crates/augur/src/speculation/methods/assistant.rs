@@ -9,11 +9,11 @@
 //! (`cost_aware_drafting = false`) use the whole head.
 
 use super::autoregressive::Autoregressive;
-use super::{one_step_seconds, Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::ASSISTANT;
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::speculation::drafter::{one_step_seconds, Draft, Drafter};
 
 pub struct AssistantModel<'m> {
     model: &'m mut dyn CausalLm,

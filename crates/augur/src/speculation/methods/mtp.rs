@@ -10,7 +10,6 @@
 
 use candle_core::Tensor;
 
-use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::check_finite;
@@ -18,6 +17,7 @@ use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::mtp::MtpHead;
 use crate::models::CausalLm;
+use crate::speculation::drafter::{Draft, Drafter};
 
 pub struct MtpDrafter<'m> {
     head: &'m mut dyn MtpHead,

@@ -15,9 +15,9 @@
 
 use std::collections::HashMap;
 
-use super::{Draft, Drafter, TreeShape};
 use crate::error::{Error, Result};
 use crate::models::CausalLm;
+use crate::speculation::drafter::{Draft, Drafter, TreeShape};
 
 /// Fewest matching tokens behind a cost-aware draft.
 const MIN_MATCH: usize = 2;

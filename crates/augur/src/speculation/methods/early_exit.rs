@@ -8,10 +8,10 @@
 //! wrote them. Transformers instead keeps a separate `L`-layer cache for the drafts and recomputes everything.
 
 use super::autoregressive::Autoregressive;
-use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::speculation::drafter::{Draft, Drafter};
 
 /// The drafting model's name in errors: the target's own first layers.
 const EARLY_EXIT: &str = "the target model's early-exit draft";

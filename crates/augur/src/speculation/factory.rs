@@ -3,15 +3,16 @@
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::method::SpeculationMethod;
 use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{CausalLm, ModelConfig};
+use crate::speculation::method::SpeculationMethod;
 use crate::tokenizer::Tokenizer;
 
-use super::{
-    AssistantModel, Backoff, BackoffPolicy, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup,
-    UniversalAssisted, UniversalSampling,
+use super::backoff::{Backoff, BackoffPolicy};
+use super::drafter::Drafter;
+use super::methods::{
+    AssistantModel, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted, UniversalSampling,
 };
 
 /// What the drafters borrow for the call: the target's tokenizer and MTP layers, and the assistant.
