@@ -1,5 +1,5 @@
-//! Builds the drafter of a resolved [`SpeculationMethod`] from what the pipeline lends it: the target's
-//! tokenizer and MTP layers, and the assistant (a causal LM, or Gemma 4's assistant).
+//! Builds the drafter of a resolved method through its registry entry, from what the pipeline lends it: the
+//! target's tokenizer and MTP layers, and the assistant (a causal LM, or Gemma 4's assistant).
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
@@ -7,13 +7,11 @@ use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{CausalLm, ModelConfig};
 use crate::speculation::method::SpeculationMethod;
+use crate::speculation::registry::Method;
 use crate::tokenizer::Tokenizer;
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::drafter::Drafter;
-use super::methods::{
-    AssistantModel, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalAssisted, UniversalSampling,
-};
 
 /// What the drafters borrow for the call: the target's tokenizer and MTP layers, and the assistant.
 pub struct DraftParts<'a> {
@@ -37,95 +35,34 @@ pub struct AssistantParts<'a> {
     pub config: GenerationConfig,
 }
 
-/// The drafter for `method`, or `None` for plain decoding; wrapped in [`Backoff`] under `backoff`. `cfg` is the
-/// call's resolved configuration, `target` the target's model config.
+/// The drafter of the registry entry `choice` resolved to, or `None` for plain decoding; wrapped in [`Backoff`]
+/// under `backoff`. `cfg` is the call's resolved configuration, `target` the target's model config.
 pub fn build<'a>(
-    method: SpeculationMethod,
+    choice: Option<(&Method, SpeculationMethod)>,
     cfg: &GenerationConfig,
     prompt_len: usize,
     target: &ModelConfig,
     parts: DraftParts<'a>,
     backoff: Option<&BackoffPolicy>,
 ) -> Result<Option<Box<dyn Drafter + 'a>>> {
-    let vocab = target.vocab_size;
-    let missing = |what: &str| Error::InvalidOption(format!("method `{method:?}` needs {what}"));
-    let trees = matches!(
-        method,
-        SpeculationMethod::None | SpeculationMethod::PromptLookup { .. } | SpeculationMethod::Assistant
-    );
-    if cfg.tree_shape().is_some() && !trees {
+    let method = choice.map_or(SpeculationMethod::None, |(_, method)| method);
+    if cfg.tree_shape().is_some() && !method.drafts_trees() {
         return Err(Error::InvalidOption(format!(
             "`speculative_eagle_topk` above 1 drafts trees with prompt lookup or an assistant model that shares the \
              target's tokenizer, not with method `{method:?}`"
         )));
     }
-    let drafter: Box<dyn Drafter + 'a> = match method {
-        SpeculationMethod::None => return Ok(None),
-        SpeculationMethod::EarlyExit { layers } => {
-            Box::new(EarlyExit::new(layers, target.num_hidden_layers, cfg, prompt_len)?)
-        }
-        SpeculationMethod::PromptLookup { num_tokens, max_matching_ngram_size } => {
-            let tree = cfg.tree_shape();
-            let num_tokens = match tree {
-                Some(_) => cfg.speculative_num_steps.unwrap_or(num_tokens),
-                None => num_tokens,
-            };
-            let lookup = PromptLookup::new(num_tokens, max_matching_ngram_size, cfg.eos_token_id.clone())?;
-            Box::new(lookup.cost_aware(cfg.cost_aware()).tree(tree))
-        }
-        SpeculationMethod::Mtp => {
-            let head = parts.mtp.ok_or_else(|| missing("the target's MTP layers"))?;
-            Box::new(MtpDrafter::new(head, cfg, prompt_len)?)
-        }
-        SpeculationMethod::Assistant
-        | SpeculationMethod::Gemma4Assistant
-        | SpeculationMethod::Universal
-        | SpeculationMethod::UniversalSampling => {
-            let a = parts.assistant.ok_or_else(|| missing("an assistant model"))?;
-            let acfg = &a.config;
-            let model = match (method, a.model) {
-                (SpeculationMethod::Gemma4Assistant, AssistantRef::Gemma4(model)) => {
-                    return Ok(Some(with_backoff(
-                        Box::new(Gemma4AssistantDrafter::new(model, acfg, prompt_len, target.sliding_window)?),
-                        backoff,
-                    )));
-                }
-                (SpeculationMethod::Gemma4Assistant, AssistantRef::Lm(_)) => {
-                    return Err(Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))
-                }
-                (_, AssistantRef::Gemma4(_)) => {
-                    return Err(missing("an assistant that runs on tokens (Gemma 4's assistant does not)"))
-                }
-                (_, AssistantRef::Lm(model)) => model,
-            };
-            match method {
-                SpeculationMethod::Assistant => Box::new(AssistantModel::new(model, acfg, prompt_len, vocab)?),
-                SpeculationMethod::UniversalSampling => Box::new(UniversalSampling::new(
-                    model,
-                    parts.target_tokenizer,
-                    a.tokenizer,
-                    acfg,
-                    prompt_len,
-                    vocab,
-                )?),
-                _ => {
-                    let eos = match &a.defaults.eos_token_id {
-                        Some(e) if !e.is_empty() => e.clone(),
-                        _ => a.tokenizer.eos_token_ids().to_vec(),
-                    };
-                    Box::new(UniversalAssisted::new(model, parts.target_tokenizer, a.tokenizer, &eos, acfg))
-                }
-            }
-        }
-    };
-    Ok(Some(with_backoff(drafter, backoff)))
-}
-
-fn with_backoff<'a>(drafter: Box<dyn Drafter + 'a>, backoff: Option<&BackoffPolicy>) -> Box<dyn Drafter + 'a> {
-    match backoff {
+    let Some((entry, method)) = choice else { return Ok(None) };
+    let drafter = (entry.build)(method, cfg, prompt_len, target, parts)?;
+    Ok(Some(match backoff {
         Some(policy) => Box::new(Backoff::new(drafter, policy.clone())),
         None => drafter,
-    }
+    }))
+}
+
+/// The error of a drafter that misses a part of the pipeline (`what`) or was handed another method's choice.
+pub(crate) fn missing(method: SpeculationMethod, what: &str) -> Error {
+    Error::InvalidOption(format!("method `{method:?}` needs {what}"))
 }
 
 /// The call's configuration with the assistant knobs. Transformers reads them only from the assistant's

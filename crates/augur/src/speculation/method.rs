@@ -1,82 +1,53 @@
-//! Which drafter a call runs, decided once per call: named by the caller, or picked from the options with
-//! Transformers' precedence (spec 1.3: early exit, prompt lookup, MTP, then the assistant model). Every error
-//! about the choice is raised here, so that the drafter factory only builds and the pipeline only runs.
+//! Which drafter a call runs, decided once per call: named by the caller, or the first method of the registry
+//! (Transformers' precedence) that the options choose. Each method's entry raises the errors about its choice,
+//! so that the drafter factory only builds and the pipeline only runs.
 
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+use super::registry::{Knob, Method, METHODS, REGISTRY};
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::models::{Architecture, ModelConfig};
+use crate::models::ModelConfig;
 use crate::tokenizer::Tokenizer;
 
-/// The methods a caller can name, as the CLI's `bench --methods` and a request's `speculation.method` list them.
-pub const METHODS: &str = "prompt_lookup, assistant_model, early_exit, mtp";
+pub use super::methods::DEFAULT_PROMPT_LOOKUP_NUM_TOKENS;
 
-/// Tokens copied per prompt-lookup round when the method is named without `prompt_lookup_num_tokens`.
-pub const DEFAULT_PROMPT_LOOKUP_NUM_TOKENS: usize = 10;
+/// A method as a caller names it: plain decoding, or an entry of the [`REGISTRY`]. A named method is the one
+/// that runs, whatever speculation fields of other methods the options carry (a server's defaults, say).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct MethodName(Option<usize>);
 
-/// A method as a caller names it. A named method is the one that runs, whatever speculation fields of other
-/// methods the options carry (a server's defaults, say).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MethodName {
-    /// Plain decoding.
-    Plain,
-    PromptLookup,
-    /// The pipeline's assistant, by the method its architecture and tokenizer allow.
-    AssistantModel,
-    EarlyExit,
-    Mtp,
-}
-
+/// The methods callers name in code; a name missing from the registry does not compile.
+#[allow(non_upper_case_globals)]
 impl MethodName {
+    /// Plain decoding.
+    pub const Plain: MethodName = MethodName(None);
+    pub const PromptLookup: MethodName = MethodName::registered("prompt_lookup");
+    /// The pipeline's assistant, by the method its architecture and tokenizer allow.
+    pub const AssistantModel: MethodName = MethodName::registered("assistant_model");
+    pub const EarlyExit: MethodName = MethodName::registered("early_exit");
+    pub const Mtp: MethodName = MethodName::registered("mtp");
+
+    const fn registered(name: &str) -> MethodName {
+        MethodName(Some(super::registry::index_of(name)))
+    }
+
+    /// The method's registry entry; `None` for plain decoding.
+    pub fn method(self) -> Option<&'static Method> {
+        self.0.map(|i| &REGISTRY[i])
+    }
+
     pub fn as_str(self) -> &'static str {
-        match self {
-            MethodName::Plain => "plain",
-            MethodName::PromptLookup => "prompt_lookup",
-            MethodName::AssistantModel => "assistant_model",
-            MethodName::EarlyExit => "early_exit",
-            MethodName::Mtp => "mtp",
-        }
+        self.method().map_or("plain", |m| m.name)
     }
 
     /// The speculation fields of `o` that this method reads, and nothing else: a request's or a flag's fields of
     /// other methods can then change neither the drafter nor the verification (an ensemble weight under prompt
     /// lookup, say).
     pub fn own_options(self, o: &GenerationOptions) -> Result<GenerationOptions> {
-        let model_drafter = GenerationOptions {
-            num_assistant_tokens: o.num_assistant_tokens,
-            num_assistant_tokens_schedule: o.num_assistant_tokens_schedule.clone(),
-            assistant_confidence_threshold: o.assistant_confidence_threshold,
-            assistant_confidence_adaptive: o.assistant_confidence_adaptive,
-            assistant_ensemble_weight: o.assistant_ensemble_weight,
-            cost_aware_drafting: o.cost_aware_drafting,
-            ..tree_options(o)
-        };
-        Ok(match self {
-            MethodName::Plain => GenerationOptions::default(),
-            MethodName::PromptLookup => GenerationOptions {
-                prompt_lookup_num_tokens: Some(o.prompt_lookup_num_tokens.unwrap_or(DEFAULT_PROMPT_LOOKUP_NUM_TOKENS)),
-                max_matching_ngram_size: o.max_matching_ngram_size,
-                cost_aware_drafting: o.cost_aware_drafting,
-                ..tree_options(o)
-            },
-            MethodName::AssistantModel => GenerationOptions {
-                assistant_lookbehind: o.assistant_lookbehind,
-                target_lookbehind: o.target_lookbehind,
-                ..model_drafter
-            },
-            MethodName::EarlyExit => GenerationOptions {
-                assistant_early_exit: Some(early_exit_layers(o.assistant_early_exit)?),
-                ..model_drafter
-            },
-            MethodName::Mtp => GenerationOptions {
-                use_mtp: Some(true),
-                cost_aware_drafting: o.cost_aware_drafting,
-                ..Default::default()
-            },
-        })
+        self.method().map_or_else(|| Ok(GenerationOptions::default()), |m| m.own_options(o))
     }
 
     /// `o` with its speculation fields narrowed to [`MethodName::own_options`]; sampling, length and stopping
@@ -88,41 +59,13 @@ impl MethodName {
     }
 }
 
-/// The tree-drafting fields of `o` alone.
-fn tree_options(o: &GenerationOptions) -> GenerationOptions {
-    GenerationOptions {
-        speculative_eagle_topk: o.speculative_eagle_topk,
-        speculative_num_draft_tokens: o.speculative_num_draft_tokens,
-        speculative_num_steps: o.speculative_num_steps,
-        ..Default::default()
-    }
-}
-
-/// `o` without any speculation field.
+/// `o` without any speculation field (any method's knob).
 pub fn without_speculation(o: &GenerationOptions) -> GenerationOptions {
-    GenerationOptions {
-        prompt_lookup_num_tokens: None,
-        max_matching_ngram_size: None,
-        speculative_eagle_topk: None,
-        speculative_num_draft_tokens: None,
-        speculative_num_steps: None,
-        num_assistant_tokens: None,
-        num_assistant_tokens_schedule: None,
-        assistant_confidence_threshold: None,
-        assistant_confidence_adaptive: None,
-        cost_aware_drafting: None,
-        assistant_early_exit: None,
-        assistant_ensemble_weight: None,
-        use_mtp: None,
-        assistant_lookbehind: None,
-        target_lookbehind: None,
-        ..o.clone()
+    let (mut out, unset) = (o.clone(), GenerationOptions::default());
+    for knob in Knob::all() {
+        (knob.copy)(&unset, &mut out);
     }
-}
-
-fn early_exit_layers(layers: Option<usize>) -> Result<usize> {
-    layers
-        .ok_or_else(|| Error::InvalidOption("method `early_exit` needs `assistant_early_exit` (a layer count)".into()))
+    out
 }
 
 impl FromStr for MethodName {
@@ -130,17 +73,20 @@ impl FromStr for MethodName {
 
     /// One of [`METHODS`]; plain decoding has a name of its own in each caller (`off`, `plain`).
     fn from_str(name: &str) -> Result<Self> {
-        Ok(match name {
-            "prompt_lookup" => MethodName::PromptLookup,
-            "assistant_model" => MethodName::AssistantModel,
-            "early_exit" => MethodName::EarlyExit,
-            "mtp" => MethodName::Mtp,
-            other => return Err(Error::InvalidOption(format!("method `{other}` is unknown (expected {METHODS})"))),
-        })
+        match REGISTRY.iter().position(|m| m.name == name) {
+            Some(i) => Ok(MethodName(Some(i))),
+            None => Err(Error::InvalidOption(format!("method `{name}` is unknown (expected {})", *METHODS))),
+        }
     }
 }
 
 impl fmt::Display for MethodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Debug for MethodName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -169,6 +115,8 @@ pub enum SpeculationMethod {
     Universal,
     /// An assistant with another tokenizer, sampled: drafts map through the tokens both vocabularies share.
     UniversalSampling,
+    /// A method whose registry entry builds its drafter from the options alone.
+    Registered(MethodName),
 }
 
 /// What resolution reads of a loaded model.
@@ -191,33 +139,12 @@ pub struct Available<'a> {
 impl SpeculationMethod {
     /// The method for a call with the resolved `cfg`: `named` when given, else Transformers' precedence.
     pub fn resolve(cfg: &GenerationConfig, named: Option<MethodName>, models: &Available<'_>) -> Result<Self> {
-        let Some(named) = named else {
-            return if let Some(layers) = cfg.assistant_early_exit {
-                Ok(SpeculationMethod::EarlyExit { layers })
-            } else if let Some(n) = cfg.prompt_lookup_num_tokens {
-                prompt_lookup(cfg, n)
-            } else if cfg.use_mtp {
-                mtp(models)
-            } else if let Some(a) = &models.assistant {
-                assistant(cfg, &models.target, a)
-            } else {
-                Ok(SpeculationMethod::None)
-            };
-        };
-        match named {
-            MethodName::Plain => Ok(SpeculationMethod::None),
-            MethodName::EarlyExit => {
-                Ok(SpeculationMethod::EarlyExit { layers: early_exit_layers(cfg.assistant_early_exit)? })
-            }
-            MethodName::PromptLookup => {
-                prompt_lookup(cfg, cfg.prompt_lookup_num_tokens.unwrap_or(DEFAULT_PROMPT_LOOKUP_NUM_TOKENS))
-            }
-            MethodName::Mtp => mtp(models),
-            MethodName::AssistantModel => match &models.assistant {
-                Some(a) => assistant(cfg, &models.target, a),
-                None => Err(Error::InvalidOption("method `assistant_model` needs an assistant model".into())),
-            },
-        }
+        Ok(choose(cfg, named, models)?.map_or(SpeculationMethod::None, |(_, method)| method))
+    }
+
+    /// Whether the drafter can propose trees: prompt lookup, and an assistant sharing the target's tokenizer.
+    pub fn drafts_trees(self) -> bool {
+        matches!(self, SpeculationMethod::None | SpeculationMethod::PromptLookup { .. } | SpeculationMethod::Assistant)
     }
 
     /// Whether the method drafts with the assistant model.
@@ -232,69 +159,18 @@ impl SpeculationMethod {
     }
 }
 
-fn prompt_lookup(cfg: &GenerationConfig, num_tokens: usize) -> Result<SpeculationMethod> {
-    if cfg.assistant_ensemble_weight.is_some() {
-        return Err(Error::InvalidOption(
-            "Setting `assistant_ensemble_weight` requires candidate logits from the assistant model. It is not \
-             supported with prompt lookup decoding."
-                .into(),
-        ));
-    }
-    Ok(SpeculationMethod::PromptLookup { num_tokens, max_matching_ngram_size: cfg.effective_max_matching_ngram_size() })
-}
-
-fn mtp(models: &Available<'_>) -> Result<SpeculationMethod> {
-    let target = &models.target;
-    let num_mtp_layers = target.config.num_mtp_layers;
-    if models.mtp {
-        Ok(SpeculationMethod::Mtp)
-    } else if num_mtp_layers > 0 {
-        Err(Error::InvalidOption(format!(
-            "`use_mtp`: {} declares {num_mtp_layers} MTP layer(s) (`num_nextn_predict_layers`) but holds no MTP \
-             weights (`model.layers.{}.*`)",
-            target.path.display(),
-            target.config.num_hidden_layers
-        )))
-    } else {
-        Err(Error::InvalidOption(
-            "Could not find `num_mtp_layers` in the model config. This model probably has no associated mtp weights."
-                .into(),
-        ))
-    }
-}
-
-fn assistant(cfg: &GenerationConfig, target: &LoadedModel<'_>, a: &LoadedModel<'_>) -> Result<SpeculationMethod> {
-    if a.config.architecture == Architecture::Gemma4Assistant {
-        if target.config.architecture != Architecture::Gemma4 {
-            return Err(Error::InvalidOption(format!(
-                "the Gemma 4 assistant drafts only for a Gemma 4 target, not {}",
-                target.config.architecture.name()
-            )));
-        }
-        if a.config.vocab_size != target.config.vocab_size {
-            return Err(Error::InvalidOption(format!(
-                "the Gemma 4 assistant's vocabulary ({}) differs from the target's ({})",
-                a.config.vocab_size, target.config.vocab_size
-            )));
-        }
-        Ok(SpeculationMethod::Gemma4Assistant)
-    } else if same_tokenizer(target.tokenizer, a.tokenizer) {
-        Ok(SpeculationMethod::Assistant)
-    } else if cfg.do_sample {
-        Ok(SpeculationMethod::UniversalSampling)
-    } else {
-        Ok(SpeculationMethod::Universal)
-    }
-}
-
-/// Whether the assistant can draft target ids directly: the same vocabulary and the same encodings (the
-/// embeddings may still differ by padding rows). Otherwise the universal methods translate.
-fn same_tokenizer(target: &Tokenizer, assistant: &Tokenizer) -> bool {
-    let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
-    target.vocab_size() == assistant.vocab_size()
-        && probe
-            .iter()
-            .all(|p| matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b))
+/// The registry entry a call runs and the drafter it resolved to; `None` for plain decoding. `named` when
+/// given, else the first entry the options choose.
+pub fn choose(
+    cfg: &GenerationConfig,
+    named: Option<MethodName>,
+    models: &Available<'_>,
+) -> Result<Option<(&'static Method, SpeculationMethod)>> {
+    let method = match named {
+        Some(name) => name.method(),
+        None => REGISTRY.iter().find(|m| (m.chosen)(cfg, models)),
+    };
+    method.map(|m| Ok((m, (m.resolve)(cfg, models)?))).transpose()
 }
 
 #[cfg(test)]
@@ -352,7 +228,7 @@ mod tests {
             assert_eq!(name.parse::<MethodName>().unwrap().as_str(), name);
         }
         let e = "medusa".parse::<MethodName>().unwrap_err().to_string();
-        assert!(e.contains("`medusa` is unknown") && e.contains(METHODS), "{e}");
+        assert!(e.contains("`medusa` is unknown") && e.contains(&*METHODS), "{e}");
     }
 
     #[test]

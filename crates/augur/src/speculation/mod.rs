@@ -10,6 +10,7 @@ pub mod drafter;
 pub mod factory;
 pub mod method;
 pub mod methods;
+pub mod registry;
 pub mod speculative;
 pub mod verify;
 

@@ -1,5 +1,6 @@
-//! The drafters, one file per method (the universal one in two: greedy and sampled). A drafter proposes; it
-//! never verifies.
+//! The methods, one file each (the assistant's drafters in four: same tokenizer, Gemma 4's assistant, and
+//! universal, greedy and sampled): each method's file holds its registry entry and its drafter, and adding a
+//! method is its file plus its two lines here. A drafter proposes; it never verifies.
 
 mod assistant;
 mod autoregressive;
@@ -10,10 +11,16 @@ mod prompt_lookup;
 mod universal;
 mod universal_sampling;
 
+use super::registry::Method;
+
+/// The methods, one line each, in Transformers' precedence order (spec 1.3: early exit, prompt lookup, MTP, then
+/// the assistant model): with no method named, the first whose [`Method::chosen`] holds runs.
+pub const REGISTRY: &[Method] = &[early_exit::METHOD, prompt_lookup::METHOD, mtp::METHOD, assistant::METHOD];
+
 pub use assistant::AssistantModel;
 pub use early_exit::EarlyExit;
 pub use gemma4_assistant::Gemma4AssistantDrafter;
 pub use mtp::MtpDrafter;
-pub use prompt_lookup::PromptLookup;
+pub use prompt_lookup::{PromptLookup, DEFAULT_PROMPT_LOOKUP_NUM_TOKENS};
 pub use universal::UniversalAssisted;
 pub use universal_sampling::{UniversalSampling, VocabMap};
