@@ -4,6 +4,8 @@
 
 mod assistant;
 mod autoregressive;
+#[cfg(test)]
+mod dummy;
 mod early_exit;
 mod gemma4_assistant;
 mod mtp;
@@ -15,7 +17,14 @@ use super::registry::Method;
 
 /// The methods, one line each, in Transformers' precedence order (spec 1.3: early exit, prompt lookup, MTP, then
 /// the assistant model): with no method named, the first whose [`Method::chosen`] holds runs.
-pub const REGISTRY: &[Method] = &[early_exit::METHOD, prompt_lookup::METHOD, mtp::METHOD, assistant::METHOD];
+pub const REGISTRY: &[Method] = &[
+    early_exit::METHOD,
+    prompt_lookup::METHOD,
+    mtp::METHOD,
+    assistant::METHOD,
+    #[cfg(test)]
+    dummy::METHOD,
+];
 
 pub use assistant::AssistantModel;
 pub use early_exit::EarlyExit;
