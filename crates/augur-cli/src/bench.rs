@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use augur::generation::config::GenerationOptions;
-use augur::generation::method::MethodName;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{CallOptions, Pipeline, Prompt};
+use augur::speculation::method::MethodName;
 use augur::tokenizer::ChatMessage;
 use clap::Args;
 use serde::Serialize;

@@ -52,6 +52,15 @@ pub struct SpeculationArgs {
     /// Assistant model: stop drafting a round once the assistant's top probability falls below this (default 0.4).
     #[arg(long, value_name = "P")]
     pub assistant_confidence_threshold: Option<f32>,
+    /// Assistant model: adapt the confidence threshold after every round by the ROC rule (default true).
+    #[arg(long)]
+    pub assistant_confidence_adaptive: Option<bool>,
+    /// Universal assisted decoding: assistant tokens re-decoded per round when mapping drafts (default 10).
+    #[arg(long, value_name = "N")]
+    pub assistant_lookbehind: Option<usize>,
+    /// Universal assisted decoding: target tokens re-encoded for the assistant per round (default 10).
+    #[arg(long, value_name = "N")]
+    pub target_lookbehind: Option<usize>,
     /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
     /// true); false gives Transformers' exact round structure.
     #[arg(long)]
@@ -86,6 +95,9 @@ impl SpeculationArgs {
             num_assistant_tokens: self.num_assistant_tokens,
             num_assistant_tokens_schedule: self.num_assistant_tokens_schedule.map(|s| s.as_str().to_string()),
             assistant_confidence_threshold: self.assistant_confidence_threshold,
+            assistant_confidence_adaptive: self.assistant_confidence_adaptive,
+            assistant_lookbehind: self.assistant_lookbehind,
+            target_lookbehind: self.target_lookbehind,
             cost_aware_drafting: self.cost_aware_drafting,
             use_mtp: self.use_mtp.then_some(true),
             assistant_early_exit: self.assistant_early_exit,
@@ -114,6 +126,8 @@ impl SpeculationArgs {
 #[cfg(test)]
 mod tests {
     use clap::{CommandFactory, Parser};
+
+    use augur::speculation::registry::Knob;
 
     use super::*;
     use crate::{Cli, Command};
@@ -161,6 +175,31 @@ mod tests {
         assert_eq!(o.assistant_ensemble_weight, Some(0.5));
         for other in &options[1..] {
             assert_eq!(other, o);
+        }
+    }
+
+    /// A knob of the registry without its flag, or a flag that does not reach its knob, fails here.
+    #[test]
+    fn every_registry_knob_is_a_flag_of_every_subcommand_that_sets_that_knob_alone() {
+        for knob in Knob::all() {
+            let flag = format!("--{}", knob.name.replace('_', "-"));
+            for subcommand in ["generate", "bench", "serve"] {
+                let parsed = ["", "=1", "=true", "=constant"].iter().find_map(|value| {
+                    let argv = ["augur", subcommand, &format!("{flag}{value}")].map(String::from);
+                    match Cli::try_parse_from(argv).ok()?.command {
+                        Command::Generate(a) => Some(a.speculation),
+                        Command::Bench(a) => Some(a.speculation),
+                        Command::Serve(a) => Some(a.speculation),
+                        _ => None,
+                    }
+                });
+                let args = parsed.unwrap_or_else(|| panic!("`augur {subcommand}` has no flag {flag}"));
+                let unset = speculation(subcommand, &[]).options();
+                let options = args.options();
+                let mut only = unset.clone();
+                (knob.copy)(&options, &mut only);
+                assert!(only != unset && only == options, "{subcommand} {flag} does not set `{}` alone", knob.name);
+            }
         }
     }
 

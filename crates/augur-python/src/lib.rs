@@ -34,14 +34,14 @@ fn py_err(e: Error) -> PyErr {
         Error::Io { .. }
         | Error::BadFile { .. }
         | Error::MissingTensor { .. }
-        | Error::ModelNotFound(_)
+        | Error::ModelNotFound { .. }
         | Error::Fetch(_) => PyOSError::new_err(text),
         Error::InvalidOption(_)
         | Error::Config { .. }
         | Error::PromptTooLong { .. }
         | Error::Tokenizer(_)
         | Error::ChatTemplate(_)
-        | Error::UnknownArchitecture(_)
+        | Error::UnknownArchitecture { .. }
         | Error::ShapeMismatch { .. } => PyValueError::new_err(text),
         _ => PyRuntimeError::new_err(text),
     }

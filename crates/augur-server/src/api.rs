@@ -8,10 +8,11 @@
 use std::collections::HashMap;
 
 use augur::generation::config::GenerationOptions;
-use augur::generation::method::MethodName;
 use augur::generation::output::{GenerationOutput, TokenLogprob};
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::Prompt;
+use augur::speculation::method::MethodName;
+use augur::speculation::registry::Knob;
 use augur::tokenizer::{ChatMessage, Tokenizer};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -49,14 +50,6 @@ impl ApiError {
     }
 }
 
-/// The most draft tokens a request may ask for per round, and the largest n-gram prompt lookup may match: beyond
-/// them a round's forward only grows (the target checks every draft) without more being accepted.
-pub const MAX_DRAFT_TOKENS: usize = 128;
-pub use augur::generation::config::MAX_MATCHING_NGRAM_SIZE as MAX_NGRAM_SIZE;
-/// Branches of a tree draft (`speculative_eagle_topk`).
-pub const MAX_TREE_BRANCHES: usize = 16;
-/// The most tokens universal assisted decoding may re-tokenize per round.
-pub const MAX_LOOKBEHIND: usize = 1024;
 /// OpenAI's limits: `top_logprobs` up to 20 (vLLM's too), a bias within ±100.
 pub const MAX_TOP_LOGPROBS: usize = 20;
 pub const MAX_LOGIT_BIAS: f64 = 100.0;
@@ -373,23 +366,18 @@ fn speculation(v: Option<&Value>) -> Result<Speculation, ApiError> {
     Ok(speculation)
 }
 
-/// Bounds on the per-request speculation knobs: a number past them only makes every round's forward longer.
+/// Bounds on the per-request speculation knobs, as the registry gives them: a number past them only makes every
+/// round's forward longer.
 pub fn check_knobs(o: &GenerationOptions) -> Result<(), ApiError> {
-    for (name, value, max) in [
-        ("num_assistant_tokens", o.num_assistant_tokens, MAX_DRAFT_TOKENS),
-        ("prompt_lookup_num_tokens", o.prompt_lookup_num_tokens, MAX_DRAFT_TOKENS),
-        ("max_matching_ngram_size", o.max_matching_ngram_size, MAX_NGRAM_SIZE),
-        ("speculative_num_draft_tokens", o.speculative_num_draft_tokens, MAX_DRAFT_TOKENS),
-        ("speculative_num_steps", o.speculative_num_steps, MAX_DRAFT_TOKENS),
-        ("speculative_eagle_topk", o.speculative_eagle_topk, MAX_TREE_BRANCHES),
-        ("assistant_lookbehind", o.assistant_lookbehind, MAX_LOOKBEHIND),
-        ("target_lookbehind", o.target_lookbehind, MAX_LOOKBEHIND),
-    ] {
-        if value.is_some_and(|v| v > max) {
-            return Err(ApiError::param(
-                format!("speculation.{name}"),
-                format!("`speculation.{name}` must be at most {max}, not {}", value.unwrap_or_default()),
-            ));
+    for knob in Knob::all() {
+        if let (Some(max), Some(value)) = (knob.max, (knob.count)(o)) {
+            if value > max {
+                let name = knob.name;
+                return Err(ApiError::param(
+                    format!("speculation.{name}"),
+                    format!("`speculation.{name}` must be at most {max}, not {value}"),
+                ));
+            }
         }
     }
     Ok(())

@@ -22,11 +22,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use augur::generation::config::GenerationOptions;
-use augur::generation::drafters::BackoffPolicy;
-use augur::generation::method::MethodName;
 use augur::generation::output::{GenerationOutput, TokenLogprob};
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::{CallOptions, Pipeline, Prompt, Sinks};
+use augur::speculation::method::MethodName;
+use augur::speculation::BackoffPolicy;
 use augur::tokenizer::Tokenizer;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

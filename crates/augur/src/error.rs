@@ -27,8 +27,10 @@ pub enum Error {
     #[error("config field `{field}`: {reason}")]
     Config { field: String, reason: String },
 
-    #[error("unknown architecture `{0}` (supported: {supported})", supported = crate::models::SUPPORTED_ARCHITECTURES.join(", "))]
-    UnknownArchitecture(String),
+    /// `supported` lists the architectures that load, comma-separated: the error carries the list it prints, so
+    /// that this floor names nothing above it.
+    #[error("unknown architecture `{name}` (supported: {supported})")]
+    UnknownArchitecture { name: String, supported: String },
 
     /// Invalid or conflicting generation options, worded as Transformers words them where it has an error.
     #[error("{0}")]
@@ -43,12 +45,12 @@ pub enum Error {
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
+    /// `catalogue` lists the catalogue's model names, comma-separated.
     #[error(
-        "model `{0}` not found: not a file, a directory, a catalogue name ({names}), nor a repo id in the local \
-         Hugging Face cache",
-        names = crate::io::catalogue::names()
+        "model `{name}` not found: not a file, a directory, a catalogue name ({catalogue}), nor a repo id in the \
+         local Hugging Face cache"
     )]
-    ModelNotFound(String),
+    ModelNotFound { name: String, catalogue: String },
 
     /// A catalogue model that could not be pulled (registry unreachable, client missing, checksum mismatch).
     #[error("{0}")]

@@ -17,6 +17,7 @@ pub mod kernels;
 pub mod models;
 pub mod nn;
 pub mod pipeline;
+pub mod speculation;
 pub mod threads;
 pub mod tokenizer;
 

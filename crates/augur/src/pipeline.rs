@@ -13,15 +13,15 @@ use candle_core::Device;
 
 use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
-use crate::generation::drafters::factory::{self, AssistantParts, AssistantRef, DraftParts};
-use crate::generation::drafters::BackoffPolicy;
-use crate::generation::method::{Available, LoadedModel, MethodName, SpeculationMethod};
+use crate::generation::decode;
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats, TokenSink};
-use crate::generation::{decode, speculative};
 use crate::io::resolve::resolve_model;
 use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
+use crate::speculation::factory::{self, AssistantParts, AssistantRef, DraftParts};
+use crate::speculation::method::{self, Available, LoadedModel, MethodName};
+use crate::speculation::{speculative, BackoffPolicy};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// A prompt: raw text, or chat messages rendered with the model's chat template.
@@ -476,11 +476,11 @@ impl Pipeline {
                 tokenizer: a.tokenizer(),
             }),
         };
-        let method = SpeculationMethod::resolve(&cfg, call.method, &available)?;
+        let choice = method::choose(&cfg, call.method, &available)?;
         let parts = DraftParts {
             target_tokenizer: &target.tokenizer,
             mtp: target.mtp.as_mut().map(|h| h.as_mut() as &mut dyn MtpHead),
-            assistant: self.assistant.as_mut().filter(|_| method.uses_assistant()).map(|a| {
+            assistant: self.assistant.as_mut().filter(|_| choice.is_some_and(|(_, m)| m.uses_assistant())).map(|a| {
                 let config = factory::assistant_config(&cfg, a.defaults(), &options, &self.defaults);
                 match a {
                     Assistant::Lm(a) => AssistantParts {
@@ -498,7 +498,7 @@ impl Pipeline {
                 }
             }),
         };
-        let mut drafter = factory::build(method, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;
+        let mut drafter = factory::build(choice, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;
         let result = match drafter.as_deref_mut() {
             Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats),
             None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats),

@@ -11,8 +11,9 @@
 mod common;
 
 use augur::generation::config::{GenerationConfig, GenerationOptions};
-use augur::generation::drafters::{Drafter, EarlyExit};
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
+use augur::speculation::methods::EarlyExit;
+use augur::speculation::Drafter;
 use common::*;
 use serde_json::Value;
 

@@ -18,17 +18,18 @@
 mod common;
 
 use augur::generation::config::{GenerationConfig, GenerationOptions};
-use augur::generation::drafters::{
-    AssistantModel, Draft, Drafter, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalSampling,
-};
 use augur::generation::logits::LogitsProcessor;
 use augur::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use augur::generation::sampler::{softmax, Sampler};
-use augur::generation::speculative;
-use augur::generation::verify::{self, Block, TreeBlock, TreeVerdict, Verdict, Verifier};
 use augur::models::mtp::MtpHead;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{Assistant, LoadedLm};
+use augur::speculation::methods::{
+    AssistantModel, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalSampling,
+};
+use augur::speculation::speculative;
+use augur::speculation::verify::{self, Block, TreeBlock, TreeVerdict, Verdict, Verifier};
+use augur::speculation::{Draft, Drafter};
 use augur::Device;
 use common::exact::{self, Distribution, Histogram};
 use common::*;

@@ -7,11 +7,12 @@
 mod common;
 
 use augur::generation::config::GenerationOptions;
-use augur::generation::drafters::{Draft, Drafter, Gemma4AssistantDrafter};
 use augur::generation::output::{Emitter, GenerationStats};
-use augur::generation::speculative;
 use augur::models::gemma4_assistant::Gemma4Assistant;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
+use augur::speculation::methods::Gemma4AssistantDrafter;
+use augur::speculation::speculative;
+use augur::speculation::{Draft, Drafter};
 use common::*;
 use serde_json::Value;
 

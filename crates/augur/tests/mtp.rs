@@ -8,10 +8,11 @@
 mod common;
 
 use augur::generation::config::{GenerationConfig, GenerationOptions};
-use augur::generation::drafters::{Draft, Drafter, MtpDrafter};
 use augur::generation::output::{Emitter, GenerationStats};
-use augur::generation::speculative;
 use augur::models::CausalLm;
+use augur::speculation::methods::MtpDrafter;
+use augur::speculation::speculative;
+use augur::speculation::{Draft, Drafter};
 use augur::Tensor;
 use common::*;
 

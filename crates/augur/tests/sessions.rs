@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Barrier};
 
 use augur::generation::config::GenerationOptions;
-use augur::generation::drafters::BackoffPolicy;
-use augur::generation::method::MethodName;
 use augur::generation::stopping::FinishReason;
 use augur::models::{ForwardOptions, LogitRows};
 use augur::pipeline::{CallOptions, Prompt};
+use augur::speculation::method::MethodName;
+use augur::speculation::BackoffPolicy;
 use common::{fixtures, greedy, load, pipeline};
 
 const PROMPTS: [&str; 4] = ["The quick brown fox", "Once upon a time there", "1, 2, 3, 4, 5,", "def main():\n    x ="];

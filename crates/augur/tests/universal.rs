@@ -7,11 +7,12 @@ mod common;
 use std::collections::HashMap;
 
 use augur::generation::config::{GenerationConfig, GenerationOptions};
-use augur::generation::drafters::{Draft, Drafter, UniversalAssisted, UniversalSampling};
 use augur::generation::output::{Emitter, GenerationStats};
-use augur::generation::speculative;
 use augur::models::CausalLm;
 use augur::pipeline::{Assistant, Pipeline, Prompt};
+use augur::speculation::methods::{UniversalAssisted, UniversalSampling};
+use augur::speculation::speculative;
+use augur::speculation::{Draft, Drafter};
 use common::*;
 
 const ASSISTANT: &str = "tiny-qwen2-metaspace";

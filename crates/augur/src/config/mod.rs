@@ -20,6 +20,10 @@ use crate::error::{Error, Result};
 
 pub use gemma4::{Gemma4AssistantConfig, Gemma4Config, Gemma4Rope};
 
+/// The `model_type`s (config.json) and `general.architecture`s (GGUF) that load.
+pub const SUPPORTED_ARCHITECTURES: &[&str] =
+    &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant", "deepseek_v3", "glm4_moe"];
+
 /// The architectures augur can run; the names are Transformers' `model_type` and GGUF's
 /// `general.architecture`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +49,10 @@ impl Architecture {
             "glm4_moe" | "Glm4MoeForCausalLM" => Ok(Self::Glm4Moe),
             "gemma4" | "gemma4_text" | "Gemma4ForCausalLM" | "Gemma4ForConditionalGeneration" => Ok(Self::Gemma4),
             "gemma4_assistant" | "Gemma4AssistantForCausalLM" => Ok(Self::Gemma4Assistant),
-            other => Err(Error::UnknownArchitecture(other.to_string())),
+            other => Err(Error::UnknownArchitecture {
+                name: other.to_string(),
+                supported: SUPPORTED_ARCHITECTURES.join(", "),
+            }),
         }
     }
 

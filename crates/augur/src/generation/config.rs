@@ -63,6 +63,16 @@ impl AssistantTokensSchedule {
     }
 }
 
+/// How large a tree draft may grow (`speculative_eagle_topk`, `speculative_num_draft_tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeShape {
+    /// Branches: distinct continuations per tree (prompt lookup), children of a low-confidence node and nodes
+    /// expanded per depth (a model drafter).
+    pub branches: usize,
+    /// Nodes per tree.
+    pub nodes: usize,
+}
+
 /// The largest n-gram prompt lookup may be asked to match (beyond it a round only searches longer).
 pub const MAX_MATCHING_NGRAM_SIZE: usize = 32;
 
@@ -185,7 +195,7 @@ generation_fields! {
     /// when scikit-learn is installed; false gives its behaviour without scikit-learn). Not a Transformers field.
     assistant_confidence_adaptive: opt bool = (), parse_de::<bool>;
     /// Measure what drafting costs and saves, and draft less or not at all where it does not pay (see
-    /// `generation::cost_model`). Not a Transformers field; false gives Transformers' round structure. Off
+    /// `speculation::cost_model`). Not a Transformers field; false gives Transformers' round structure. Off
     /// under `assistant_ensemble_weight` whatever its value (see [`GenerationConfig::cost_aware`]).
     cost_aware_drafting: plain bool = true, parse_de::<bool>;
     /// Enables prompt lookup decoding: maximum continuation length copied from an n-gram match.
@@ -480,8 +490,8 @@ impl GenerationConfig {
     }
 
     /// The trees drafters propose, `None` for chains (`speculative_eagle_topk` unset or 1).
-    pub fn tree_shape(&self) -> Option<crate::generation::drafters::TreeShape> {
-        self.speculative_eagle_topk.filter(|&k| k > 1).map(|branches| crate::generation::drafters::TreeShape {
+    pub fn tree_shape(&self) -> Option<TreeShape> {
+        self.speculative_eagle_topk.filter(|&k| k > 1).map(|branches| TreeShape {
             branches,
             nodes: self.speculative_num_draft_tokens.unwrap_or(DEFAULT_TREE_NODES),
         })

@@ -1,15 +1,9 @@
-//! Generation: options, the speculation method they choose, logits processing, sampling, stopping, and the
-//! decoding loops (plain and speculative) with their drafters.
+//! Generation: options, logits processing, sampling, stopping, output and the plain decoding loop. Speculative
+//! decoding builds on it in [`crate::speculation`].
 
 pub mod config;
-pub mod cost_model;
 pub mod decode;
-pub mod draft_length;
-pub mod drafters;
 pub mod logits;
-pub mod method;
 pub mod output;
 pub mod sampler;
-pub mod speculative;
 pub mod stopping;
-pub mod verify;

@@ -78,7 +78,7 @@ pub fn resolve_model_with(spec: Option<&str>, progress: &mut dyn Progress) -> Re
             return Ok(dir);
         }
     }
-    Err(Error::ModelNotFound(spec.to_string()))
+    Err(Error::ModelNotFound { name: spec.to_string(), catalogue: catalogue::names() })
 }
 
 #[cfg(test)]

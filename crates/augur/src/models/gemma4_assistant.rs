@@ -6,7 +6,7 @@
 //! head: only the tokens of the `centroid_intermediate_top_k` best clusters get a real logit, the others
 //! `min(selected) − 1`.
 //!
-//! It keeps no state: the drafter ([`crate::generation::drafters::Gemma4AssistantDrafter`]) hands it the target's
+//! It keeps no state: the drafter ([`crate::speculation::methods::Gemma4AssistantDrafter`]) hands it the target's
 //! caches and the visible ranges for each step.
 
 use candle_core::{DType, Device, Tensor};

@@ -19,7 +19,8 @@ use std::path::Path;
 use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 
-pub use registry::{build, SUPPORTED_ARCHITECTURES};
+pub use crate::config::SUPPORTED_ARCHITECTURES;
+pub use registry::build;
 
 pub use crate::config::{Architecture, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
@@ -224,6 +225,6 @@ pub fn load_reading_gguf<T>(
         let Built { model, mtp } = build(cfg, &w)?;
         Ok((LoadedModel { model, mtp, weights_info }, Some(read)))
     } else {
-        Err(Error::ModelNotFound(path.display().to_string()))
+        Err(Error::ModelNotFound { name: path.display().to_string(), catalogue: crate::io::catalogue::names() })
     }
 }

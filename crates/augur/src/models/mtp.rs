@@ -1,7 +1,7 @@
 //! Multi-token-prediction layers (Transformers' `MtpLayer`), stored after the last decoder layer of DeepSeek-V3
 //! and GLM-4.5 checkpoints as `model.layers.{num_hidden_layers + k}`: `eh_proj(cat(enorm(E(token)), hnorm(h)))`
 //! through a decoder block of the model's own kind, then `shared_head.norm` and the model's LM head. Each layer
-//! keeps its own KV cache; the drafter (`generation/drafters/mtp.rs`) decides what to feed and what to cut.
+//! keeps its own KV cache; the drafter (`speculation/methods/mtp.rs`) decides what to feed and what to cut.
 
 use candle_core::{DType, Device, Tensor};
 

@@ -1,14 +1,11 @@
-//! The architecture registry: a new architecture is one file in `models/` and one line in each list here.
+//! The architecture registry: a new architecture is one file in `models/`, one line in the list here and its name
+//! in `config`'s `SUPPORTED_ARCHITECTURES`.
 
 use super::{deepseek_v3, gemma3, gemma4, glm4_moe, llama, qwen2, Built, CausalLm};
 use crate::batching::Batched;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-
-/// The `model_type`s (config.json) and `general.architecture`s (GGUF) that load.
-pub const SUPPORTED_ARCHITECTURES: &[&str] =
-    &["llama", "qwen2", "gemma3", "gemma4", "gemma4_assistant", "deepseek_v3", "glm4_moe"];
 
 /// Builds the model for `cfg.architecture`.
 pub fn build(cfg: ModelConfig, w: &Weights) -> Result<Built> {

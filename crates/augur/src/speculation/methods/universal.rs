@@ -15,13 +15,13 @@
 //! - the assistant drafts with its plain argmax and stops on its own EOS tokens: the target's processors and
 //!   EOS ids index the target's vocabulary, so Transformers applies them to the wrong tokens.
 
-use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::{logits_rows, ASSISTANT};
-use crate::generation::draft_length::DraftLength;
 use crate::generation::sampler::{argmax, softmax};
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::speculation::draft_length::DraftLength;
+use crate::speculation::drafter::{Draft, Drafter};
 use crate::tokenizer::{clean_up_tokenization, Tokenizer};
 
 /// Text of `ids` with special tokens skipped, as Transformers' universal generators decode it: they ask for
@@ -95,7 +95,7 @@ impl<'m> CachedAssistant<'m> {
         if !self.cached.is_empty() {
             return Ok(None);
         }
-        super::one_step_seconds(self.model, 0).map(Some)
+        crate::speculation::drafter::one_step_seconds(self.model, 0).map(Some)
     }
 }
 

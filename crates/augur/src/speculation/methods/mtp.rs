@@ -10,7 +10,6 @@
 
 use candle_core::Tensor;
 
-use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::check_finite;
@@ -18,6 +17,54 @@ use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::mtp::MtpHead;
 use crate::models::CausalLm;
+use crate::speculation::drafter::{Draft, Drafter};
+use crate::speculation::factory::{missing, DraftParts};
+use crate::speculation::method::{Available, SpeculationMethod};
+use crate::speculation::registry::{self, Method};
+
+/// `mtp`: chosen by `use_mtp`; needs the target's MTP layers loaded.
+pub(crate) const METHOD: Method = Method {
+    name: "mtp",
+    knobs: &[&[&registry::USE_MTP, &registry::COST_AWARE_DRAFTING]],
+    chosen: |cfg, _| cfg.use_mtp,
+    named: |own| {
+        own.use_mtp = Some(true);
+        Ok(())
+    },
+    resolve,
+    build,
+};
+
+fn resolve(_: &GenerationConfig, models: &Available<'_>) -> Result<SpeculationMethod> {
+    let target = &models.target;
+    let num_mtp_layers = target.config.num_mtp_layers;
+    if models.mtp {
+        Ok(SpeculationMethod::Mtp)
+    } else if num_mtp_layers > 0 {
+        Err(Error::InvalidOption(format!(
+            "`use_mtp`: {} declares {num_mtp_layers} MTP layer(s) (`num_nextn_predict_layers`) but holds no MTP \
+             weights (`model.layers.{}.*`)",
+            target.path.display(),
+            target.config.num_hidden_layers
+        )))
+    } else {
+        Err(Error::InvalidOption(
+            "Could not find `num_mtp_layers` in the model config. This model probably has no associated mtp weights."
+                .into(),
+        ))
+    }
+}
+
+fn build<'a>(
+    method: SpeculationMethod,
+    cfg: &GenerationConfig,
+    prompt_len: usize,
+    _target: &crate::models::ModelConfig,
+    parts: DraftParts<'a>,
+) -> Result<Box<dyn Drafter + 'a>> {
+    let head = parts.mtp.ok_or_else(|| missing(method, "the target's MTP layers"))?;
+    Ok(Box::new(MtpDrafter::new(head, cfg, prompt_len)?))
+}
 
 pub struct MtpDrafter<'m> {
     head: &'m mut dyn MtpHead,

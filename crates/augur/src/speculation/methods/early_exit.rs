@@ -8,10 +8,41 @@
 //! wrote them. Transformers instead keeps a separate `L`-layer cache for the drafts and recomputes everything.
 
 use super::autoregressive::Autoregressive;
-use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
-use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, LogitRows, ModelConfig};
+use crate::speculation::drafter::{Draft, Drafter};
+use crate::speculation::factory::{missing, DraftParts};
+use crate::speculation::method::SpeculationMethod;
+use crate::speculation::registry::{self, Method};
+
+/// `early_exit`: chosen by `assistant_early_exit`, ahead of every other method.
+pub(crate) const METHOD: Method = Method {
+    name: "early_exit",
+    knobs: &[&[&registry::ASSISTANT_EARLY_EXIT], &registry::MODEL_DRAFTER, &registry::TREE],
+    chosen: |cfg, _| cfg.assistant_early_exit.is_some(),
+    named: |own| early_exit_layers(own.assistant_early_exit).map(|_| ()),
+    resolve: |cfg, _| Ok(SpeculationMethod::EarlyExit { layers: early_exit_layers(cfg.assistant_early_exit)? }),
+    build,
+};
+
+fn early_exit_layers(layers: Option<usize>) -> Result<usize> {
+    layers
+        .ok_or_else(|| Error::InvalidOption("method `early_exit` needs `assistant_early_exit` (a layer count)".into()))
+}
+
+fn build<'a>(
+    method: SpeculationMethod,
+    cfg: &GenerationConfig,
+    prompt_len: usize,
+    target: &ModelConfig,
+    _parts: DraftParts<'a>,
+) -> Result<Box<dyn Drafter + 'a>> {
+    let SpeculationMethod::EarlyExit { layers } = method else {
+        return Err(missing(method, "a layer count"));
+    };
+    Ok(Box::new(EarlyExit::new(layers, target.num_hidden_layers, cfg, prompt_len)?))
+}
 
 /// The drafting model's name in errors: the target's own first layers.
 const EARLY_EXIT: &str = "the target model's early-exit draft";

@@ -1,7 +1,7 @@
 //! How many tokens to draft each round: `num_assistant_tokens` with its schedules, and the confidence
 //! threshold with its ROC adaptation (Transformers' `update_candidate_strategy`).
 
-use super::config::AssistantTokensSchedule;
+use crate::generation::config::AssistantTokensSchedule;
 
 #[derive(Debug, Clone)]
 pub struct DraftLength {

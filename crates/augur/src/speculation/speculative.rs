@@ -4,15 +4,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::config::GenerationConfig;
 use super::cost_model::{CostModel, DraftCap};
-use super::decode::{logits_rows, TARGET};
-use super::drafters::{Draft, Drafter};
-use super::logits::LogitsProcessor;
-use super::output::{Emitter, GenerationStats};
-use super::sampler::Sampler;
+use super::drafter::{Draft, Drafter};
 use super::verify::{self, Block, Exact, TreeBlock, TreeVerdict, Verdict, Verifier};
 use crate::error::{Error, Result};
+use crate::generation::config::GenerationConfig;
+use crate::generation::decode::{logits_rows, TARGET};
+use crate::generation::logits::LogitsProcessor;
+use crate::generation::output::{Emitter, GenerationStats};
+use crate::generation::sampler::Sampler;
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
 use crate::nn::TreeMask;
 
@@ -160,7 +160,7 @@ pub fn generate_with(
     Ok(())
 }
 
-/// One round over a tree draft (see [`crate::generation::verify::TreeBlock`]): every node verified in one
+/// One round over a tree draft (see [`crate::speculation::verify::TreeBlock`]): every node verified in one
 /// forward with a tree mask, the accepted path kept in the cache. Returns the tree's depth, the accepted drafts
 /// and the verification seconds.
 #[allow(clippy::too_many_arguments)]

@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use super::{Draft, TreeShape};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::logits_rows;
-use crate::generation::draft_length::DraftLength;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
 use crate::nn::TreeMask;
+use crate::speculation::draft_length::DraftLength;
+use crate::speculation::drafter::{Draft, TreeShape};
 
 pub(super) struct Autoregressive {
     /// The target's processors, applied once (Transformers applies the warpers twice inside the assistant).
@@ -184,7 +184,7 @@ impl Autoregressive {
                 .into_iter()
                 .map(|i| {
                     let mut ctx = context.to_vec();
-                    ctx.extend(super::super::verify::path_to(&parents, i + 1).iter().map(|&j| tree.tokens[j]));
+                    ctx.extend(crate::speculation::verify::path_to(&parents, i + 1).iter().map(|&j| tree.tokens[j]));
                     (i + 1, scores[i], self.distribution(&ctx, rows[i - new.start].clone(), vocab))
                 })
                 .collect();

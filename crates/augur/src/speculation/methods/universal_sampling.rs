@@ -15,13 +15,13 @@
 use std::collections::HashMap;
 
 use super::universal::{decode_text, CachedAssistant};
-use super::{Draft, Drafter};
 use crate::error::Result;
 use crate::generation::config::GenerationConfig;
-use crate::generation::draft_length::DraftLength;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{softmax, Sampler};
 use crate::models::CausalLm;
+use crate::speculation::draft_length::DraftLength;
+use crate::speculation::drafter::{Draft, Drafter};
 use crate::tokenizer::Tokenizer;
 
 /// Which assistant tokens are target tokens: equal token strings, after rewriting the assistant's word-start

@@ -14,7 +14,6 @@
 
 use candle_core::Tensor;
 
-use super::{Draft, Drafter};
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::{check_finite, ASSISTANT};
@@ -22,6 +21,7 @@ use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::gemma4_assistant::{Gemma4Assistant, SharedKv};
 use crate::models::{CausalLm, LayerKind};
+use crate::speculation::drafter::{Draft, Drafter};
 
 pub struct Gemma4AssistantDrafter<'m> {
     model: &'m Gemma4Assistant,

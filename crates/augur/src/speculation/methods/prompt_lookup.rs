@@ -15,9 +15,65 @@
 
 use std::collections::HashMap;
 
-use super::{Draft, Drafter, TreeShape};
 use crate::error::{Error, Result};
+use crate::generation::config::GenerationConfig;
 use crate::models::CausalLm;
+use crate::speculation::drafter::{Draft, Drafter, TreeShape};
+use crate::speculation::factory::{missing, DraftParts};
+use crate::speculation::method::SpeculationMethod;
+use crate::speculation::registry::{self, Method};
+
+/// Tokens copied per prompt-lookup round when the method is named without `prompt_lookup_num_tokens`.
+pub const DEFAULT_PROMPT_LOOKUP_NUM_TOKENS: usize = 10;
+
+/// `prompt_lookup`: chosen by `prompt_lookup_num_tokens`.
+pub(crate) const METHOD: Method = Method {
+    name: "prompt_lookup",
+    knobs: &[
+        &[&registry::PROMPT_LOOKUP_NUM_TOKENS, &registry::MAX_MATCHING_NGRAM, &registry::COST_AWARE_DRAFTING],
+        &registry::TREE,
+    ],
+    chosen: |cfg, _| cfg.prompt_lookup_num_tokens.is_some(),
+    named: |own| {
+        own.prompt_lookup_num_tokens.get_or_insert(DEFAULT_PROMPT_LOOKUP_NUM_TOKENS);
+        Ok(())
+    },
+    resolve,
+    build,
+};
+
+fn resolve(cfg: &GenerationConfig, _: &crate::speculation::method::Available<'_>) -> Result<SpeculationMethod> {
+    if cfg.assistant_ensemble_weight.is_some() {
+        return Err(Error::InvalidOption(
+            "Setting `assistant_ensemble_weight` requires candidate logits from the assistant model. It is not \
+             supported with prompt lookup decoding."
+                .into(),
+        ));
+    }
+    Ok(SpeculationMethod::PromptLookup {
+        num_tokens: cfg.prompt_lookup_num_tokens.unwrap_or(DEFAULT_PROMPT_LOOKUP_NUM_TOKENS),
+        max_matching_ngram_size: cfg.effective_max_matching_ngram_size(),
+    })
+}
+
+fn build<'a>(
+    method: SpeculationMethod,
+    cfg: &GenerationConfig,
+    _prompt_len: usize,
+    _target: &crate::models::ModelConfig,
+    _parts: DraftParts<'a>,
+) -> Result<Box<dyn Drafter + 'a>> {
+    let SpeculationMethod::PromptLookup { num_tokens, max_matching_ngram_size } = method else {
+        return Err(missing(method, "a prompt-lookup length"));
+    };
+    let tree = cfg.tree_shape();
+    let num_tokens = match tree {
+        Some(_) => cfg.speculative_num_steps.unwrap_or(num_tokens),
+        None => num_tokens,
+    };
+    let lookup = PromptLookup::new(num_tokens, max_matching_ngram_size, cfg.eos_token_id.clone())?;
+    Ok(Box::new(lookup.cost_aware(cfg.cost_aware()).tree(tree)))
+}
 
 /// Fewest matching tokens behind a cost-aware draft.
 const MIN_MATCH: usize = 2;

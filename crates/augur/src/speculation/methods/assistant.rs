@@ -9,11 +9,110 @@
 //! (`cost_aware_drafting = false`) use the whole head.
 
 use super::autoregressive::Autoregressive;
-use super::{one_step_seconds, Draft, Drafter};
+use super::gemma4_assistant::Gemma4AssistantDrafter;
+use super::universal::UniversalAssisted;
+use super::universal_sampling::UniversalSampling;
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::ASSISTANT;
+use crate::models::{Architecture, ModelConfig};
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::speculation::drafter::{one_step_seconds, Draft, Drafter};
+use crate::speculation::factory::{missing, AssistantRef, DraftParts};
+use crate::speculation::method::{Available, LoadedModel, SpeculationMethod};
+use crate::speculation::registry::{self, Method};
+use crate::tokenizer::Tokenizer;
+
+/// `assistant_model`: chosen by a loaded assistant; the drafter follows its architecture and tokenizer (the
+/// same tokenizer, Gemma 4's assistant, or universal assisted decoding, greedy or sampled).
+pub(crate) const METHOD: Method = Method {
+    name: "assistant_model",
+    knobs: &[
+        &[&registry::ASSISTANT_LOOKBEHIND, &registry::TARGET_LOOKBEHIND],
+        &registry::MODEL_DRAFTER,
+        &registry::TREE,
+    ],
+    chosen: |_, models| models.assistant.is_some(),
+    named: |_| Ok(()),
+    resolve,
+    build,
+};
+
+fn resolve(cfg: &GenerationConfig, models: &Available<'_>) -> Result<SpeculationMethod> {
+    let Some(a) = &models.assistant else {
+        return Err(Error::InvalidOption("method `assistant_model` needs an assistant model".into()));
+    };
+    let target = &models.target;
+    if a.config.architecture == Architecture::Gemma4Assistant {
+        if target.config.architecture != Architecture::Gemma4 {
+            return Err(Error::InvalidOption(format!(
+                "the Gemma 4 assistant drafts only for a Gemma 4 target, not {}",
+                target.config.architecture.name()
+            )));
+        }
+        if a.config.vocab_size != target.config.vocab_size {
+            return Err(Error::InvalidOption(format!(
+                "the Gemma 4 assistant's vocabulary ({}) differs from the target's ({})",
+                a.config.vocab_size, target.config.vocab_size
+            )));
+        }
+        Ok(SpeculationMethod::Gemma4Assistant)
+    } else if same_tokenizer(target, a) {
+        Ok(SpeculationMethod::Assistant)
+    } else if cfg.do_sample {
+        Ok(SpeculationMethod::UniversalSampling)
+    } else {
+        Ok(SpeculationMethod::Universal)
+    }
+}
+
+/// Whether the assistant can draft target ids directly: the same vocabulary and the same encodings (the
+/// embeddings may still differ by padding rows). Otherwise the universal methods translate.
+fn same_tokenizer(target: &LoadedModel<'_>, assistant: &LoadedModel<'_>) -> bool {
+    let (target, assistant): (&Tokenizer, &Tokenizer) = (target.tokenizer, assistant.tokenizer);
+    let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
+    target.vocab_size() == assistant.vocab_size()
+        && probe
+            .iter()
+            .all(|p| matches!((target.encode(p, false), assistant.encode(p, false)), (Ok(a), Ok(b)) if a == b))
+}
+
+fn build<'a>(
+    method: SpeculationMethod,
+    _cfg: &GenerationConfig,
+    prompt_len: usize,
+    target: &ModelConfig,
+    parts: DraftParts<'a>,
+) -> Result<Box<dyn Drafter + 'a>> {
+    let a = parts.assistant.ok_or_else(|| missing(method, "an assistant model"))?;
+    let acfg = &a.config;
+    let model = match (method, a.model) {
+        (SpeculationMethod::Gemma4Assistant, AssistantRef::Gemma4(model)) => {
+            return Ok(Box::new(Gemma4AssistantDrafter::new(model, acfg, prompt_len, target.sliding_window)?));
+        }
+        (SpeculationMethod::Gemma4Assistant, AssistantRef::Lm(_)) => {
+            return Err(Error::InvalidOption("the assistant is not a Gemma 4 assistant model".into()))
+        }
+        (_, AssistantRef::Gemma4(_)) => {
+            return Err(missing(method, "an assistant that runs on tokens (Gemma 4's assistant does not)"))
+        }
+        (_, AssistantRef::Lm(model)) => model,
+    };
+    let vocab = target.vocab_size;
+    Ok(match method {
+        SpeculationMethod::Assistant => Box::new(AssistantModel::new(model, acfg, prompt_len, vocab)?),
+        SpeculationMethod::UniversalSampling => {
+            Box::new(UniversalSampling::new(model, parts.target_tokenizer, a.tokenizer, acfg, prompt_len, vocab)?)
+        }
+        _ => {
+            let eos = match &a.defaults.eos_token_id {
+                Some(e) if !e.is_empty() => e.clone(),
+                _ => a.tokenizer.eos_token_ids().to_vec(),
+            };
+            Box::new(UniversalAssisted::new(model, parts.target_tokenizer, a.tokenizer, &eos, acfg))
+        }
+    })
+}
 
 pub struct AssistantModel<'m> {
     model: &'m mut dyn CausalLm,

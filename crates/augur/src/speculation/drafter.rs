@@ -1,28 +1,10 @@
-//! Ways of proposing tokens, one file each. A drafter proposes; it never verifies.
-
-mod assistant;
-mod autoregressive;
-mod backoff;
-mod early_exit;
-pub mod factory;
-mod gemma4_assistant;
-mod mtp;
-mod prompt_lookup;
-mod universal;
-mod universal_sampling;
-
-pub use assistant::AssistantModel;
-pub use backoff::{Backoff, BackoffPolicy};
-pub use early_exit::EarlyExit;
-pub use gemma4_assistant::Gemma4AssistantDrafter;
-pub use mtp::MtpDrafter;
-pub use prompt_lookup::PromptLookup;
-pub use universal::UniversalAssisted;
-pub use universal_sampling::{UniversalSampling, VocabMap};
+//! What a drafter is: the [`Draft`] it proposes and the [`Drafter`] trait the loop drives. A drafter proposes;
+//! it never verifies.
 
 use candle_core::Tensor;
 
 use crate::error::Result;
+pub use crate::generation::config::TreeShape;
 use crate::models::CausalLm;
 
 /// Candidate tokens for one round.
@@ -37,16 +19,6 @@ pub struct Draft {
     /// `tokens[j]`, `j < i`), siblings in the order the verifier tries them; siblings drawn from a distribution
     /// were drawn independently from the same `q`. `None`: a chain, each token continuing the one before.
     pub parents: Option<Vec<usize>>,
-}
-
-/// How large a tree draft may grow (`speculative_eagle_topk`, `speculative_num_draft_tokens`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TreeShape {
-    /// Branches: distinct continuations per tree (prompt lookup), children of a low-confidence node and nodes
-    /// expanded per depth (a model drafter).
-    pub branches: usize,
-    /// Nodes per tree.
-    pub nodes: usize,
 }
 
 impl Draft {
@@ -88,7 +60,7 @@ impl Draft {
     }
 
     /// The nodes `keep(index, depth)` accepts, with all their ancestors accepted too, renumbered.
-    pub(super) fn keep(self, keep: impl Fn(usize, usize) -> bool) -> Draft {
+    pub(crate) fn keep(self, keep: impl Fn(usize, usize) -> bool) -> Draft {
         let depths = self.depths();
         let parents = self.parents.clone();
         let parent = |i: usize| parents.as_ref().map_or(i, |p| p[i]);

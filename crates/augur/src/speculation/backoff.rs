@@ -2,14 +2,14 @@
 //! decoding step inside the shared loop (one new token, verified exactly as before), so backing off never
 //! changes the output. It skips drafting while the server runs more sequences than a threshold (the target's
 //! forwards then serve the other sequences instead of verifying drafts). Backing off when drafts do not pay is
-//! the cost model's job (`generation/cost_model.rs`), not this wrapper's.
+//! the cost model's job (`speculation/cost_model.rs`), not this wrapper's.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::{Draft, Drafter};
+use super::drafter::{Draft, Drafter};
 use crate::error::Result;
 use crate::models::CausalLm;
 

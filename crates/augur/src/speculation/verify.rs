@@ -3,8 +3,8 @@
 //! a tree of drafts: the longest greedy path, or multi-draft speculative sampling over each node's children
 //! (recursive rejection sampling, SpecInfer, arXiv 2305.09781).
 
-use super::logits::LogitsProcessor;
-use super::sampler::{argmax, softmax, Sampler};
+use crate::generation::logits::LogitsProcessor;
+use crate::generation::sampler::{argmax, softmax, Sampler};
 
 /// One verification forward's rows, as the loop hands them to a [`Verifier`].
 pub struct Block<'a> {
