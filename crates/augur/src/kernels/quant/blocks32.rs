@@ -22,7 +22,7 @@ use half::f16;
 
 use super::{
     over_groups, regroup, rows_of, ActFormat, AmxTile, GroupTiles, QuantKernel, RowReader, SharedActivations,
-    SharedKernel, GROUP, GROUP_TILE,
+    SharedKernel, AVX2_TILE, GROUP, GROUP_TILE,
 };
 use crate::error::{Error, Result};
 use crate::kernels::parallel::{for_each_chunk, SharedOut};
@@ -161,16 +161,13 @@ impl SharedKernel for BlockMatrix {
                 data: &self.data,
                 n: self.n,
                 group_bytes: nb * GROUP * kind.block_bytes(),
+                rows: AVX2_TILE,
                 amx: None,
                 tile: Box::new(move |w, r0, rows, at, stride| {
-                    // At most `TILE` rows at once: past that the accumulators leave the 16 registers.
-                    for first in (0..rows).step_by(TILE) {
-                        let part = TILE.min(rows - first);
-                        // SAFETY: the interleaved layout is only built where AVX2, FMA and F16C were detected;
-                        // `w` is one group, `nb` group-blocks of `kind`; the tile checks the activation rows;
-                        // `run`'s caller vouches for `rows`, `at` and `stride`, of which these rows are a part.
-                        unsafe { avx2::tile_fn(kind, part)(w, nb, act, r0 + first, at.add(first * stride), stride) }
-                    }
+                    // SAFETY: the interleaved layout is only built where AVX2, FMA and F16C were detected; `w` is
+                    // one group, `nb` group-blocks of `kind`; the tile checks the activation rows; `run`'s caller
+                    // vouches for `rows` (at most `AVX2_TILE`), `at` and `stride`.
+                    unsafe { avx2::tile_fn(kind, rows)(w, nb, act, r0, at, stride) }
                 }),
             };
         }
@@ -178,6 +175,7 @@ impl SharedKernel for BlockMatrix {
             data: &self.data,
             n: self.n,
             group_bytes: nb * GROUP * kind.block_bytes(),
+            rows: GROUP_TILE,
             amx: self.amx_tile(act),
             tile: Box::new(move |w, r0, rows, at, stride| {
                 #[cfg(target_arch = "x86_64")]
@@ -306,10 +304,6 @@ impl BlockMatrix {
         out
     }
 }
-
-/// Activation rows an AVX2 group tile computes at once: four rows' accumulators and a block's vectors fill
-/// the 16 registers.
-const TILE: usize = 4;
 
 /// Regroups the file's row-major blocks `[n, k / 32]` into [`Layout::Interleaved`]; rows past `n` (up to a
 /// multiple of 16) are zero blocks, whose scale 0 makes their products 0.
@@ -522,16 +516,31 @@ fn offset_term(kind: BlockKind, offset: f32, a: &Q8Block) -> f32 {
     }
 }
 
+/// The block types in the order of the tiles' `K` parameter (a constant, so that each type's branches fold
+/// away from the inner loops).
+#[cfg(target_arch = "x86_64")]
+const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
+
+/// Prefetches the group-block `PREFETCH_BLOCKS` ahead of the one at `blk` (`block_bytes` each), for the VNNI and
+/// the AVX2 tiles: with the hardware prefetcher alone a one-token forward waits on memory.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_ahead(blk: *const u8, block_bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    const PREFETCH_BLOCKS: usize = 8;
+    let ahead = blk.wrapping_add(PREFETCH_BLOCKS * block_bytes);
+    for line in (0..block_bytes).step_by(64) {
+        // SAFETY: SSE is part of x86-64; a prefetch past the end of the weights never faults (the address is
+        // formed with wrapping arithmetic).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8) };
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, QK, TILE};
-
-    /// How far ahead (in group-blocks) the interleaved weights are prefetched, as the AVX-512 tile does.
-    const PREFETCH_BLOCKS: usize = 8;
-
-    const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
+    use super::{group_quant_bytes, prefetch_ahead, BlockKind, Q8Rows, AVX2_TILE, GROUP, KINDS, QK};
 
     /// A [`group_tile`] instance for one weight type and row count `R`: `tile(w, nb, act, r0, out, stride)`.
     ///
@@ -541,7 +550,7 @@ mod avx2 {
     /// activation rows `r0..r0 + R` are checked against `act`.
     pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
 
-    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]).
+    /// The instance compiled for `kind` and `rows` (1 to [`AVX2_TILE`]).
     pub fn tile_fn(kind: BlockKind, rows: usize) -> TileFn {
         macro_rules! rows {
             ($k:literal) => {
@@ -549,7 +558,7 @@ mod avx2 {
                     1 => group_tile::<1, $k>,
                     2 => group_tile::<2, $k>,
                     3 => group_tile::<3, $k>,
-                    _ => group_tile::<TILE, $k>,
+                    _ => group_tile::<AVX2_TILE, $k>,
                 }
             };
         }
@@ -646,10 +655,7 @@ mod avx2 {
         for b in 0..nb {
             let blk = w.as_ptr().add(b * block_bytes);
             if first == 0 {
-                let ahead = blk.wrapping_add(PREFETCH_BLOCKS * block_bytes);
-                for line in (0..block_bytes).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-                }
+                prefetch_ahead(blk, block_bytes);
             }
             for h in 0..H {
                 let half = first + h;
@@ -716,7 +722,7 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{group_quant_bytes, BlockKind, Q8Rows, GROUP, GROUP_TILE, QK};
+    use super::{group_quant_bytes, prefetch_ahead, BlockKind, Q8Rows, GROUP, GROUP_TILE, KINDS, QK};
     use crate::kernels::amx::{pipelined, Tiles, ROWS};
     use crate::kernels::quant::GroupInts;
 
@@ -727,12 +733,6 @@ mod avx512 {
     /// `out[r · stride .. r · stride + 16]` for each `r < R`, elements no other thread accesses meanwhile. The
     /// activation rows `r0..r0 + R` are checked against `act`.
     pub type TileFn = unsafe fn(&[u8], usize, &Q8Rows, usize, *mut f32, usize);
-
-    /// How far ahead (in group-blocks) the weights are prefetched: with the hardware prefetcher alone a
-    /// one-token forward waits on memory. A prefetch past the end of the weights is harmless (it never faults).
-    const PREFETCH_BLOCKS: usize = 8;
-
-    const KINDS: [BlockKind; 4] = [BlockKind::Q4_0, BlockKind::Q4_1, BlockKind::Q5_0, BlockKind::Q8_0];
 
     /// The instance compiled for `kind` and `rows` (1 to [`GROUP_TILE`]): with both constant, the type's branches
     /// fold away from the inner loop.
@@ -953,10 +953,7 @@ mod avx512 {
         let (qs, d, s, correction) = (act.qs.as_ptr(), act.d.as_ptr(), act.s.as_ptr(), act.correction.as_ptr());
         for b in 0..nb {
             let blk = w.as_ptr().add(b * block_bytes);
-            let ahead = blk.wrapping_add(PREFETCH_BLOCKS * block_bytes);
-            for line in (0..block_bytes).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-            }
+            prefetch_ahead(blk, block_bytes);
             let wq = block_ints(kind, blk);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(quant_bytes) as *const __m256i));
             let mw = if kind == BlockKind::Q4_1 {

@@ -20,7 +20,7 @@ use half::f16;
 
 use super::{
     over_groups, regroup, rows_of, ActFormat, AmxTile, GroupTiles, QuantKernel, RowReader, SharedActivations,
-    SharedKernel, GROUP,
+    SharedKernel, AVX2_TILE, GROUP, GROUP_TILE,
 };
 use crate::error::{Error, Result};
 
@@ -212,16 +212,13 @@ impl SharedKernel for SuperBlockMatrix {
                 data: &self.data,
                 n: self.n,
                 group_bytes,
+                rows: AVX2_TILE,
                 amx: None,
                 tile: Box::new(move |w, r0, rows, at, stride| {
-                    // At most `avx2::TILE` rows at once: past that the accumulators leave the 16 registers.
-                    for first in (0..rows).step_by(avx2::TILE) {
-                        let part = avx2::TILE.min(rows - first);
-                        // SAFETY: an `Isa::Avx2` matrix is only built where `avx2::available()`; the tile reads
-                        // whole super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller
-                        // vouches for `rows`, `at` and `stride`, of which these rows are a part.
-                        unsafe { avx2::tile_fn(kind, part)(w, act, r0 + first, at.add(first * stride), stride) }
-                    }
+                    // SAFETY: an `Isa::Avx2` matrix is only built where `avx2::available()`; the tile reads whole
+                    // super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches for
+                    // `rows` (at most `AVX2_TILE`), `at` and `stride`.
+                    unsafe { avx2::tile_fn(kind, rows)(w, act, r0, at, stride) }
                 }),
             };
         }
@@ -239,6 +236,7 @@ impl SharedKernel for SuperBlockMatrix {
             data: &self.data,
             n: self.n,
             group_bytes,
+            rows: GROUP_TILE,
             amx,
             tile: Box::new(move |w, r0, rows, at, stride| {
                 // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `avx512::available()`; the tile reads
@@ -410,10 +408,26 @@ fn quantize_superblock_portable(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16])
     (d, std::array::from_fn(|j| dst[16 * j..16 * (j + 1)].iter().map(|&q| q as i32).sum()))
 }
 
+/// Prefetches the `part`-th eighth of the cache lines of `bytes` bytes at `next` (the next super-block, read
+/// while this one is computed, by the VNNI and the AVX2 tiles: the hardware prefetcher alone leaves a one-token
+/// product waiting on memory).
+#[inline]
+fn prefetch_eighth(next: *const u8, bytes: usize, part: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let lines = bytes.div_ceil(64);
+    for line in part * lines / 8..(part + 1) * lines / 8 {
+        // SAFETY: SSE is part of x86-64; a prefetch never faults, whatever the address (formed with wrapping
+        // arithmetic).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8) };
+    }
+}
+
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
+    use super::{
+        prefetch_eighth, KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K,
+    };
     use crate::kernels::amx::{pipelined, Tiles, ROWS};
     use crate::kernels::quant::{GroupInts, GROUP_TILE};
 
@@ -487,21 +501,6 @@ mod avx512 {
         match kind {
             KKind::Q4K => rows!(q4k_tile),
             KKind::Q6K => rows!(q6k_tile),
-        }
-    }
-
-    /// Prefetches the `part`-th eighth of the cache lines of `bytes` bytes at `next` (the next super-block, read
-    /// while this one is computed: the hardware prefetcher alone leaves the 8-row product waiting on memory).
-    ///
-    /// # Safety
-    /// The CPU supports AVX-512 F. Any `next` will do: the addresses are formed with wrapping arithmetic and
-    /// only prefetched, which never faults.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn prefetch_eighth(next: *const u8, bytes: usize, part: usize) {
-        let lines = bytes.div_ceil(64);
-        for line in part * lines / 8..(part + 1) * lines / 8 {
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8);
         }
     }
 
@@ -815,11 +814,10 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K};
-
-    /// Activation rows a tile computes at once: four rows' accumulators and the weights' vectors fill the 16
-    /// registers.
-    pub const TILE: usize = 4;
+    use super::{
+        prefetch_eighth, KKind, Q8KRows, AVX2_TILE, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES,
+        QK_K,
+    };
 
     pub fn available() -> bool {
         crate::kernels::cpu::features().avx2_fma_f16c
@@ -832,7 +830,7 @@ mod avx2 {
     /// tile reads only the whole super-blocks of `w`, and checks the activation rows `r0..r0 + R` against `act`.
     pub type TileFn = unsafe fn(&[u8], &Q8KRows, usize, *mut f32, usize);
 
-    /// The instance compiled for `kind` and `rows` (1 to [`TILE`]).
+    /// The instance compiled for `kind` and `rows` (1 to [`AVX2_TILE`]).
     pub fn tile_fn(kind: KKind, rows: usize) -> TileFn {
         macro_rules! rows {
             ($f:ident) => {
@@ -840,7 +838,7 @@ mod avx2 {
                     1 => $f::<1>,
                     2 => $f::<2>,
                     3 => $f::<3>,
-                    _ => $f::<TILE>,
+                    _ => $f::<AVX2_TILE>,
                 }
             };
         }
@@ -891,18 +889,6 @@ mod avx2 {
     #[target_feature(enable = "avx,f16c")]
     unsafe fn halfs(at: *const u8) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(at as *const _))
-    }
-
-    /// Prefetches the `part`-th eighth of the cache lines of `bytes` bytes at `next` (the next super-block, read
-    /// while this one is computed: one core's loads alone leave the product waiting on memory).
-    #[inline]
-    fn prefetch_eighth(next: *const u8, bytes: usize, part: usize) {
-        let lines = bytes.div_ceil(64);
-        for line in part * lines / 8..(part + 1) * lines / 8 {
-            // SAFETY: SSE is part of x86-64; a prefetch never faults, whatever the address (formed with
-            // wrapping arithmetic).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * line) as *const i8) };
-        }
     }
 
     /// `R` activation rows (from `r0`) against one 16-row group of Q4_K super-blocks: writes

@@ -23,6 +23,10 @@ pub(crate) const GROUP: usize = 16;
 /// Activation rows a group's tile computes at once (the interleaved layouts' 32 AVX-512 registers).
 pub(crate) const GROUP_TILE: usize = 8;
 
+/// Activation rows an AVX2 tile computes at once: four rows' accumulators and the weights' vectors fill its 16
+/// registers.
+pub(crate) const AVX2_TILE: usize = 4;
+
 /// A quantized weight `[n, k]` that one of our kernels multiplies (see also `kquants`).
 pub trait QuantKernel: Send + Sync {
     fn out_features(&self) -> usize;
@@ -72,6 +76,8 @@ pub struct GroupTiles<'a> {
     data: &'a [u8],
     n: usize,
     group_bytes: usize,
+    /// The most activation rows `tile` takes at once ([`GROUP_TILE`] or [`AVX2_TILE`]).
+    rows: usize,
     tile: GroupTile<'a>,
     amx: Option<AmxTile<'a>>,
 }
@@ -118,10 +124,10 @@ impl GroupTiles<'_> {
     /// the weight's, panics.
     ///
     /// # Safety
-    /// `1 ≤ rows ≤ GROUP_TILE`; `at` is valid for writes of `(rows − 1) · stride + 16` floats, and no element
+    /// `1 ≤ rows ≤ self.rows`; `at` is valid for writes of `(rows − 1) · stride + 16` floats, and no element
     /// it writes is accessed by another thread meanwhile.
     pub(crate) unsafe fn run(&self, g: usize, r0: usize, rows: usize, at: *mut f32, stride: usize) {
-        debug_assert!((1..=GROUP_TILE).contains(&rows), "{rows} rows in a tile");
+        debug_assert!((1..=self.rows).contains(&rows), "{rows} rows in a tile");
         let w = &self.data[g * self.group_bytes..(g + 1) * self.group_bytes];
         (self.tile)(w, r0, rows, at, stride)
     }
@@ -162,11 +168,11 @@ impl GroupTiles<'_> {
 }
 
 /// The row tiles `(first row, rows)` of an `m`-row product: 16 at a time where `sixteen`, the rest (all of
-/// them otherwise) up to [`GROUP_TILE`] at a time.
-fn row_tiles(m: usize, sixteen: bool) -> impl Iterator<Item = (usize, usize)> {
+/// them otherwise) up to `most` (the weights' [`GroupTiles::rows`]) at a time.
+fn row_tiles(m: usize, sixteen: bool, most: usize) -> impl Iterator<Item = (usize, usize)> {
     let full = if sixteen { m / amx::ROWS * amx::ROWS } else { 0 };
     let tiles = (0..full).step_by(amx::ROWS).map(|r0| (r0, amx::ROWS));
-    tiles.chain((full..m).step_by(GROUP_TILE).map(move |r0| (r0, GROUP_TILE.min(m - r0))))
+    tiles.chain((full..m).step_by(most).map(move |r0| (r0, most.min(m - r0))))
 }
 
 /// The AMX tiles for a task of an `m`-row product: configured only for 16 rows or more, where `wanted` (a
@@ -222,7 +228,7 @@ pub fn matmul_silu_gated(
         let sixteen = gate.sixteen(tiles.as_ref()) && up.sixteen(tiles.as_ref());
         let (mut gate_ints, mut up_ints) = (Unpacked::default(), Unpacked::default());
         for g in range {
-            for (r0, rows) in row_tiles(m, sixteen) {
+            for (r0, rows) in row_tiles(m, sixteen, gate.rows.min(up.rows)) {
                 let tiles = tiles.as_ref();
                 // SAFETY: a tile of `row_tiles` (16 rows only where both weights take them); `gated` is this
                 // task's own, 16 rows of 16.
@@ -263,7 +269,7 @@ fn over_groups_of(parts: &[GroupTiles], m: usize) -> Vec<Vec<f32>> {
         for i in range {
             let p = starts.partition_point(|&s| s <= i) - 1;
             let (part, g, padded) = (&parts[p], i - starts[p], groups[p] * GROUP);
-            for (r0, rows) in row_tiles(m, part.sixteen(tiles.as_ref())) {
+            for (r0, rows) in row_tiles(m, part.sixteen(tiles.as_ref()), part.rows) {
                 // SAFETY: this group's 16 columns of part p's output (`[m, padded]`) are written by this task only.
                 let at = unsafe { dsts[p].ptr(r0 * padded + g * GROUP, (rows - 1) * padded + GROUP) };
                 // SAFETY: a tile of `row_tiles` (16 rows only where this weight takes them); `at` spans
