@@ -52,8 +52,9 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
     /// Spec-Bench mode: methods compared with plain decoding (`<method>_tree`: with tree drafts, see the
-    /// `--speculative-*` flags): prompt_lookup, assistant_model (universal assisted
-    /// decoding when the assistant's tokenizer differs), early_exit (needs --assistant-early-exit), mtp.
+    /// `--speculative-*` flags): prompt_lookup, suffix, auto, assistant_model (universal assisted decoding when
+    /// the assistant's tokenizer differs), early_exit (needs --assistant-early-exit), mtp. Suffix decoding reads
+    /// each answer's own prompt and output only: a cache of earlier answers would hold the repetitions' own.
     #[arg(long, value_delimiter = ',', default_value = "prompt_lookup")]
     methods: Vec<String>,
     /// Spec-Bench mode: new tokens per answer.
@@ -305,6 +306,15 @@ fn check_method_flags(args: &BenchArgs) -> Result<()> {
     }
     if args.speculation.use_mtp && !has("mtp") {
         bail!("--use-mtp: compare multi-token prediction with --methods mtp");
+    }
+    if args.speculation.speculation.is_some() {
+        bail!("--speculation names one method: bench compares the methods of --methods");
+    }
+    let s = &args.speculation;
+    let suffix_flags =
+        [s.suffix_max_depth.is_some(), s.suffix_max_spec_factor.is_some(), s.suffix_min_token_prob.is_some()];
+    if (suffix_flags.contains(&true) || s.suffix_global_cache.is_some()) && !has("suffix") && !has("auto") {
+        bail!("the --suffix-* flags are read by suffix decoding only: add suffix or auto to --methods");
     }
     Ok(())
 }

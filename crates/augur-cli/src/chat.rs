@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use augur::generation::output::GenerationStats;
 use augur::pipeline::{CallOptions, Prompt};
+use augur::speculation::suffix_cache::{SuffixCache, SuffixCacheRef, DEFAULT_SUFFIX_CACHE_TOKENS};
 use augur::tokenizer::ChatMessage;
 use clap::Args;
 
@@ -28,6 +29,9 @@ pub struct ChatArgs {
     /// Worker threads for the tensor kernels (default: all cores).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Tokens of earlier answers that suffix decoding keeps to draft from (about 16 bytes each; 0 keeps none).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SUFFIX_CACHE_TOKENS)]
+    suffix_cache_tokens: usize,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -84,6 +88,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
     }
     let mut options = args.sampling.options(&args.speculation);
     options.max_new_tokens = options.max_new_tokens.or(Some(CHAT_MAX_NEW_TOKENS));
+    let method = args.speculation.method(&pipe)?;
+    // Each answer joins the conversation's suffix cache, from which later answers that revise it draft.
+    let suffix_cache =
+        SuffixCacheRef { cache: Arc::new(SuffixCache::new(args.suffix_cache_tokens)), owner: String::new() };
 
     let cancel = Arc::new(AtomicBool::new(false));
     let answering = Arc::new(AtomicBool::new(false));
@@ -153,6 +161,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         let call = CallOptions {
             cancel: Some(Arc::clone(&cancel)),
             return_full_text: Some(false),
+            method,
+            suffix_cache: Some(suffix_cache.clone()),
             ..CallOptions::new(options.clone())
         };
         let mut print = |chunk: &str| {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use augur::generation::config::GenerationOptions;
-use augur::pipeline::Prompt;
+use augur::pipeline::{CallOptions, Prompt};
 use augur::tokenizer::ChatMessage;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
@@ -183,9 +183,13 @@ fn generate(args: GenerateArgs) -> Result<()> {
     };
     let mut pipe =
         args.speculation.attach_assistant(ui::load_pipeline(args.model.as_deref(), &args.load)?, &args.load)?;
-    let options = args.sampling.options(&args.speculation);
+    let call = CallOptions {
+        return_full_text: Some(false),
+        method: args.speculation.method(&pipe)?,
+        ..CallOptions::new(args.sampling.options(&args.speculation))
+    };
     if args.json {
-        let out = pipe.generate(&prompt, &options, None)?;
+        let out = pipe.call(&prompt, &call, None)?;
         let json = serde_json::json!({
             "text": out.text,
             "tokens": out.tokens,
@@ -200,7 +204,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
             let _ = lock.write_all(chunk.as_bytes());
             let _ = lock.flush();
         };
-        let out = pipe.generate(&prompt, &options, Some(&mut print))?;
+        let out = pipe.call(&prompt, &call, Some(&mut print))?;
         println!();
         let s = &out.stats;
         let mut line = format!(

@@ -1,6 +1,7 @@
 //! `augur serve`: its flags, and a call into `augur-server`.
 
 use anyhow::{Context, Result};
+use augur::speculation::suffix_cache::DEFAULT_SUFFIX_CACHE_TOKENS;
 use augur_server::ServeConfig;
 use clap::{Args, ValueEnum};
 use std::io::IsTerminal;
@@ -53,7 +54,8 @@ pub struct ServeArgs {
     /// Open connections; beyond them a new one is answered 503 and closed.
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
-    /// Require `Authorization: Bearer <KEY>` on every endpoint but `/health`.
+    /// Require `Authorization: Bearer <KEY>` on every endpoint but `/health`; several keys comma-separated, each
+    /// with suffix decoding's cache of earlier outputs to itself.
     #[arg(long, conflicts_with = "api_key_file")]
     api_key: Option<String>,
     /// Read the API key from this file (its first line), so that it stays out of the process list.
@@ -88,6 +90,10 @@ pub struct ServeArgs {
     /// which already shares the cost of reading the weights).
     #[arg(long, default_value_t = 2)]
     speculation_max_load: usize,
+    /// Tokens of earlier answers that suffix decoding keeps to draft from, over all API keys (about 16 bytes
+    /// each; the least recently used answer goes first; 0 keeps none).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_SUFFIX_CACHE_TOKENS)]
+    suffix_cache_tokens: usize,
     /// The request log on standard error: one line per request (method, path, status, tokens, speculation,
     /// latency) as text, or as one JSON object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -149,6 +155,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         write_timeout,
         speculation_max_load: args.speculation_max_load,
         speculation: args.speculation.options(),
+        speculation_method: args.speculation.named()?,
+        suffix_cache_tokens: args.suffix_cache_tokens,
     };
     let (model, speculation, load) = (args.model, args.speculation, args.load);
     augur_server::serve(

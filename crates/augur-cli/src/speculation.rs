@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{anyhow, bail, Result};
 use augur::generation::config::GenerationOptions;
 use augur::pipeline::Pipeline;
+use augur::speculation::method::MethodName;
+use augur::speculation::registry::Knob;
 use clap::{Args, ValueEnum};
 
 /// How the draft length changes between rounds (Transformers' `num_assistant_tokens_schedule`).
@@ -31,6 +33,11 @@ impl Schedule {
 
 #[derive(Args)]
 pub struct SpeculationArgs {
+    /// The speculation method: `auto` (suffix decoding, and the assistant when one is loaded, chosen round by
+    /// round where drafting pays), `off` (plain decoding), or a method by name (prompt_lookup, suffix,
+    /// assistant_model, early_exit, mtp). Default: the method the other flags choose, else `auto`.
+    #[arg(long, value_name = "METHOD")]
+    pub speculation: Option<String>,
     /// A smaller model that drafts tokens for the target (with another tokenizer: universal assisted decoding).
     #[arg(long)]
     pub assistant_model: Option<String>,
@@ -84,6 +91,19 @@ pub struct SpeculationArgs {
     /// Tree drafts: the deepest path (default: the method's draft length).
     #[arg(long, value_name = "N")]
     pub speculative_num_steps: Option<usize>,
+    /// Suffix decoding: the deepest match plus draft (default 24; setting it chooses suffix decoding).
+    #[arg(long, value_name = "N")]
+    pub suffix_max_depth: Option<usize>,
+    /// Suffix decoding: draft tokens allowed per matched token (default 1.0).
+    #[arg(long, value_name = "F")]
+    pub suffix_max_spec_factor: Option<f32>,
+    /// Suffix decoding: drafts less probable than this are not proposed (default 0.1).
+    #[arg(long, value_name = "P")]
+    pub suffix_min_token_prob: Option<f32>,
+    /// Suffix decoding: read and feed the cache of earlier outputs (default true; `augur chat` and `augur serve`
+    /// keep one, `augur generate` runs one request).
+    #[arg(long)]
+    pub suffix_global_cache: Option<bool>,
 }
 
 impl SpeculationArgs {
@@ -105,8 +125,38 @@ impl SpeculationArgs {
             speculative_eagle_topk: self.speculative_eagle_topk,
             speculative_num_draft_tokens: self.speculative_num_draft_tokens,
             speculative_num_steps: self.speculative_num_steps,
+            suffix_max_depth: self.suffix_max_depth,
+            suffix_max_spec_factor: self.suffix_max_spec_factor,
+            suffix_min_token_prob: self.suffix_min_token_prob,
+            suffix_global_cache: self.suffix_global_cache,
             ..Default::default()
         }
+    }
+
+    /// `--speculation`, parsed: `off` is plain decoding, any other name a registry method's; `None` unset.
+    pub fn named(&self) -> Result<Option<MethodName>> {
+        let Some(name) = self.speculation.as_deref() else { return Ok(None) };
+        let method = match name {
+            "off" | "plain" | "none" => MethodName::Plain,
+            name => name.parse::<MethodName>().map_err(|e| anyhow!("--speculation: {e}"))?,
+        };
+        // A flag of another method would be dropped without a word: refuse it.
+        let (set, unset) = (self.options(), GenerationOptions::default());
+        for knob in Knob::all() {
+            let mut only = unset.clone();
+            (knob.copy)(&set, &mut only);
+            let read = method.method().is_some_and(|m| m.each_knob().any(|k| k.name == knob.name));
+            if only != unset && !read {
+                bail!("--{} is not an option of speculation method `{method}`", knob.name.replace('_', "-"));
+            }
+        }
+        Ok(Some(method))
+    }
+
+    /// The method a call on `pipe` runs (see `Pipeline::default_method`): `--speculation` when given, else the
+    /// one the flags choose, else `auto`.
+    pub fn method(&self, pipe: &Pipeline) -> Result<Option<MethodName>> {
+        Ok(pipe.default_method(self.named()?, &self.options()))
     }
 
     /// Attaches `--assistant-model` (and its `--assistant-tokenizer`) to the pipeline, when given.

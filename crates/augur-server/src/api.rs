@@ -654,6 +654,10 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
     let completion = sum(|o| o.stats.new_tokens);
     let (drafted, accepted, forwards) =
         (sum(|o| o.stats.drafted), sum(|o| o.stats.accepted), sum(|o| o.stats.target_forwards));
+    let mut sources = std::collections::BTreeMap::<&str, usize>::new();
+    for (source, rounds) in outs.iter().flat_map(|o| &o.stats.draft_sources) {
+        *sources.entry(source).or_default() += rounds;
+    }
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -668,6 +672,9 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
             "draft_seconds": sum_f(|o| o.stats.draft_seconds),
             "verify_seconds": sum_f(|o| o.stats.verify_seconds),
             "tree_rounds": sum(|o| o.stats.tree_rounds),
+            // Suffix decoding and `auto`: rounds by where their drafts came from (`request`, `cache`,
+            // `assistant`).
+            "draft_sources": sources,
             // Choices whose assistant's context filled up, so that they decoded plainly from there.
             "context_fallbacks": outs.iter().filter(|o| o.stats.context_fallback_at.is_some()).count(),
         },

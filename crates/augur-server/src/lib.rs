@@ -26,6 +26,7 @@ use augur::generation::output::{GenerationOutput, TokenLogprob};
 use augur::generation::stopping::FinishReason;
 use augur::pipeline::{CallOptions, Pipeline, Prompt, Sinks};
 use augur::speculation::method::MethodName;
+use augur::speculation::suffix_cache::{SuffixCache, SuffixCacheRef, DEFAULT_SUFFIX_CACHE_TOKENS};
 use augur::speculation::BackoffPolicy;
 use augur::tokenizer::Tokenizer;
 use axum::body::Bytes;
@@ -36,6 +37,7 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Extension;
 use axum::Router;
 use serde_json::json;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -65,7 +67,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Open connections; beyond them a new one is answered 503 and closed.
     pub max_connections: usize,
-    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`.
+    /// When set, every endpoint but `/health` needs `Authorization: Bearer <key>`; several keys are
+    /// comma-separated (as llama-server takes them), and each key's requests have suffix decoding's cache of
+    /// earlier outputs to themselves.
     pub api_key: Option<String>,
     /// Origins a browser may call from (`*`: any); empty: no CORS headers, so browsers refuse cross-origin calls.
     pub cors_origins: Vec<String>,
@@ -88,6 +92,11 @@ pub struct ServeConfig {
     pub speculation_max_load: usize,
     /// Each request's default speculation options; a request overrides them with its `speculation` field.
     pub speculation: GenerationOptions,
+    /// The method a request that names none runs; `None`: the one `speculation`'s options or the assistant
+    /// choose by Transformers' precedence, else `auto` (see `Pipeline::default_method`).
+    pub speculation_method: Option<MethodName>,
+    /// Tokens of earlier outputs that suffix decoding keeps, over all keys (about 16 bytes each).
+    pub suffix_cache_tokens: usize,
 }
 
 impl Default for ServeConfig {
@@ -111,6 +120,8 @@ impl Default for ServeConfig {
             write_timeout: Duration::from_secs(30),
             speculation_max_load: 2,
             speculation: GenerationOptions::default(),
+            speculation_method: None,
+            suffix_cache_tokens: DEFAULT_SUFFIX_CACHE_TOKENS,
         }
     }
 }
@@ -211,8 +222,11 @@ struct Server {
     model_defaults: GenerationOptions,
     max_tokens_limit: Option<usize>,
     has_assistant: bool,
-    /// The default speculation options.
+    /// The default speculation options, and the method a request that names none runs.
     speculation: GenerationOptions,
+    default_method: Option<MethodName>,
+    /// Earlier outputs, for suffix decoding (per key).
+    suffix_cache: Arc<SuffixCache>,
     speculation_max_load: usize,
     scheduler: Scheduler,
     next_id: AtomicU64,
@@ -250,7 +264,8 @@ impl Server {
 struct App {
     server: OnceLock<Arc<Server>>,
     metrics: Metrics,
-    api_key: Option<String>,
+    /// The keys a request may present; empty: none needed.
+    api_keys: Vec<String>,
     /// Turns true when the shutdown deadline passes: answers still running end then.
     deadline: watch::Sender<bool>,
 }
@@ -292,6 +307,7 @@ fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
         Some(c) => c,
         None => model_context,
     };
+    let default_method = pipe.default_method(config.speculation_method, &config.speculation);
     Ok(Server {
         aliases: config.aliases.iter().cloned().chain([path.display().to_string()]).collect(),
         model_id,
@@ -308,6 +324,8 @@ fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
         idle: Mutex::new(vec![first]),
         template: Mutex::new(pipe),
         speculation: config.speculation.clone(),
+        default_method,
+        suffix_cache: Arc::new(SuffixCache::new(config.suffix_cache_tokens)),
         speculation_max_load: config.speculation_max_load,
         scheduler: Scheduler::new(config.parallel, config.queue),
         next_id: AtomicU64::new(1),
@@ -328,7 +346,7 @@ pub fn serve(load: impl FnOnce() -> Result<Pipeline> + Send + 'static, config: S
     let app = Arc::new(App {
         server: OnceLock::new(),
         metrics: Metrics::default(),
-        api_key: config.api_key.clone().filter(|k| !k.is_empty()),
+        api_keys: api_keys(&config),
         deadline: watch::channel(false).0,
     });
     // The HTTP side only parses, waits and writes; two threads are plenty beside the model's.
@@ -472,11 +490,24 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn authorized(headers: &HeaderMap, key: &str) -> bool {
-    let Some(value) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else { return false };
-    let Some((scheme, token)) = value.split_once(' ') else { return false };
-    scheme.eq_ignore_ascii_case("bearer") && constant_time_eq(token.trim().as_bytes(), key.as_bytes())
+/// The keys of `--api-key`, comma-separated.
+fn api_keys(config: &ServeConfig) -> Vec<String> {
+    let keys = config.api_key.iter().flat_map(|k| k.split(','));
+    keys.map(str::trim).filter(|k| !k.is_empty()).map(String::from).collect()
 }
+
+/// Which of `keys` the request presents (every key compared, in constant time each).
+fn presented_key(headers: &HeaderMap, keys: &[String]) -> Option<usize> {
+    let value = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())?;
+    let (scheme, token) = value.split_once(' ')?;
+    let matches: Vec<bool> = keys.iter().map(|k| constant_time_eq(token.trim().as_bytes(), k.as_bytes())).collect();
+    scheme.eq_ignore_ascii_case("bearer").then(|| matches.iter().position(|&m| m)).flatten()
+}
+
+/// Whose request it is, for what the server keeps per key (suffix decoding's cache): the key's place in the
+/// list, never the key itself; empty when the server needs no key.
+#[derive(Clone, Debug, Default)]
+struct Owner(String);
 
 /// Marks a generation's response: its sequence writes the request's log line when it ends, with the tokens.
 #[derive(Clone, Copy)]
@@ -484,11 +515,12 @@ struct LoggedBySequence;
 
 /// The API key (every endpoint but `/health`), the count of answers by status, and the log line of every
 /// request that is not a generation's.
-async fn guard(State(app): State<Shared>, req: Request, next: Next) -> Response {
+async fn guard(State(app): State<Shared>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
-    let response = match &app.api_key {
-        Some(key) if req.uri().path() != "/health" && !authorized(req.headers(), key) => {
+    let key = presented_key(req.headers(), &app.api_keys);
+    let response = match key {
+        None if !app.api_keys.is_empty() && req.uri().path() != "/health" => {
             let mut r = error(ApiError::bad("a valid API key is needed: `Authorization: Bearer <key>`").with(
                 401,
                 "invalid_request_error",
@@ -497,7 +529,10 @@ async fn guard(State(app): State<Shared>, req: Request, next: Next) -> Response 
             r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
             r
         }
-        _ => next.run(req).await,
+        _ => {
+            req.extensions_mut().insert(Owner(key.map(|k| format!("key {k}")).unwrap_or_default()));
+            next.run(req).await
+        }
     };
     app.metrics.request(response.status().as_u16());
     if response.extensions().get::<LoggedBySequence>().is_none() {
@@ -619,12 +654,20 @@ async fn detokenize(State(app): State<Shared>, body: Result<Bytes, BytesRejectio
     off_the_workers(run).await
 }
 
-async fn completions(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    complete(app, body, false).await
+async fn completions(
+    State(app): State<Shared>,
+    owner: Option<Extension<Owner>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(app, owner.map(|o| o.0).unwrap_or_default(), body, false).await
 }
 
-async fn chat_completions(State(app): State<Shared>, body: Result<Bytes, BytesRejection>) -> Response {
-    complete(app, body, true).await
+async fn chat_completions(
+    State(app): State<Shared>,
+    owner: Option<Extension<Owner>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(app, owner.map(|o| o.0).unwrap_or_default(), body, true).await
 }
 
 /// What a sequence's thread tells its handler.
@@ -679,7 +722,7 @@ fn outputs(results: Vec<augur::Result<GenerationOutput>>) -> Result<Vec<Generati
 }
 
 /// Parses the request here, then runs it on a thread of its own and answers it, whole or as server-sent events.
-async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
+async fn complete(app: Shared, owner: Owner, body: Result<Bytes, BytesRejection>, chat: bool) -> Response {
     let arrival = Instant::now();
     let server = match app.ready() {
         Ok(s) => Arc::clone(s),
@@ -698,7 +741,7 @@ async fn complete(app: Shared, body: Result<Bytes, BytesRejection>, chat: bool) 
     let (tx, mut rx) = unbounded_channel();
     let worker = {
         let (app, server, cancel) = (Arc::clone(&app), Arc::clone(&server), Arc::clone(&cancel));
-        move || sequence(&app, &server, req, arrival, cancel, tx)
+        move || sequence(&app, &server, req, owner, arrival, cancel, tx)
     };
     if let Err(e) = std::thread::Builder::new().name("augur-seq".into()).spawn(worker) {
         return error(internal(&format!("cannot start a sequence thread: {e}")));
@@ -776,11 +819,12 @@ fn sequence(
     app: &App,
     server: &Server,
     req: CompletionRequest,
+    owner: Owner,
     arrival: Instant,
     cancel: Arc<AtomicBool>,
     tx: UnboundedSender<Msg>,
 ) {
-    let job = match prepare(server, req, Arc::clone(&cancel)) {
+    let job = match prepare(server, req, owner, Arc::clone(&cancel)) {
         Ok(j) => j,
         Err(e) => {
             let _ = tx.send(Msg::Refused(e));
@@ -1016,7 +1060,7 @@ fn sampling_defaults(generation: &mut GenerationOptions, model: &GenerationOptio
 }
 
 /// Checks the model, the speculation and the token budget before the request takes a slot.
-fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> Result<Job, ApiError> {
+fn prepare(server: &Server, req: CompletionRequest, owner: Owner, cancel: Arc<AtomicBool>) -> Result<Job, ApiError> {
     server.check_model(req.model.as_deref())?;
     if req.n > server.scheduler.slots {
         return Err(ApiError::param(
@@ -1028,10 +1072,12 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
     let biased: Vec<u32> = req.options.sequence_bias.iter().flatten().flat_map(|(ids, _)| ids).copied().collect();
     server.check_vocabulary(&biased, |_| "logit_bias".to_string())?;
     let mut generation = req.options.clone();
-    let mut method = None;
-    match &req.speculation {
-        Speculation::Default => generation.merge(&server.speculation),
-        Speculation::Off => method = Some(MethodName::Plain),
+    let method = match &req.speculation {
+        Speculation::Default => {
+            generation.merge(&server.speculation);
+            server.default_method
+        }
+        Speculation::Off => Some(MethodName::Plain),
         Speculation::Method(name, o) => {
             if *name == MethodName::AssistantModel && !server.has_assistant {
                 return Err(ApiError::param(
@@ -1040,9 +1086,9 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
                 ));
             }
             generation.merge(o);
-            method = Some(*name);
+            Some(*name)
         }
-    }
+    };
     sampling_defaults(&mut generation, &server.model_defaults);
     // A seeded text must not depend on the load (which rounds drafted): each position draws on its own.
     if generation.seed.is_some() {
@@ -1114,6 +1160,7 @@ fn prepare(server: &Server, req: CompletionRequest, cancel: Arc<AtomicBool>) -> 
         logprobs: req.logprobs.map(|l| l.top),
         include_stop_str_in_output: Some(req.include_stop),
         stop_strings_match_prompt: Some(false),
+        suffix_cache: Some(SuffixCacheRef { cache: Arc::clone(&server.suffix_cache), owner: owner.0 }),
     };
     Ok(Job { req, call })
 }
@@ -1142,7 +1189,7 @@ mod tests {
         let app = Arc::new(App {
             server: OnceLock::new(),
             metrics: Metrics::default(),
-            api_key: None,
+            api_keys: api_keys(config),
             deadline: watch::channel(false).0,
         });
         let router = router(Arc::clone(&app), config).unwrap();
@@ -1178,8 +1225,22 @@ mod tests {
     }
 
     async fn call(app: &Router, method: &str, path: &str, body: &str) -> (StatusCode, serde_json::Value) {
-        let req = Request::builder().method(method).uri(path).body(Body::from(body.to_string())).unwrap();
-        let r = app.clone().oneshot(req).await.unwrap();
+        call_as(app, None, method, path, body).await
+    }
+
+    /// [`call`] presenting `key`.
+    async fn call_as(
+        app: &Router,
+        key: Option<&str>,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> (StatusCode, serde_json::Value) {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(key) = key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let r = app.clone().oneshot(req.body(Body::from(body.to_string())).unwrap()).await.unwrap();
         let status = r.status();
         let bytes = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         (status, serde_json::from_slice(&bytes).unwrap_or_default())
@@ -1193,7 +1254,7 @@ mod tests {
         let app = Arc::new(App {
             server: OnceLock::new(),
             metrics: Metrics::default(),
-            api_key: None,
+            api_keys: api_keys(&config),
             deadline: watch::channel(false).0,
         });
         let router = router(Arc::clone(&app), &config).unwrap();
@@ -1561,6 +1622,33 @@ mod tests {
             single.join().unwrap();
         });
         assert_eq!(scheduler.gauges(), (0, 0));
+    }
+
+    /// Suffix decoding's cache of earlier answers is per API key: a key's repeated request drafts from its own
+    /// earlier answer (the usage says where each round's drafts came from), another key's never does; the text
+    /// is the same for all.
+    #[tokio::test]
+    async fn api_keys_never_share_the_suffix_cache() {
+        let config = ServeConfig { api_key: Some("alpha, beta".into()), ..ServeConfig::default() };
+        let router = serving(tiny(), &config);
+        let body = json!({"prompt": "a b c", "max_tokens": 24, "temperature": 0, "speculation": {"method": "suffix"}})
+            .to_string();
+        let ask = |key| {
+            let (router, body) = (router.clone(), body.clone());
+            async move {
+                let (status, reply) = call_as(&router, Some(key), "POST", "/v1/completions", &body).await;
+                assert_eq!(status, StatusCode::OK, "{reply}");
+                let cached = reply["usage"]["speculation"]["draft_sources"]["cache"].as_u64().unwrap_or(0);
+                (reply["choices"][0]["text"].clone(), cached)
+            }
+        };
+        let (text, first) = ask("alpha").await;
+        let (other_text, other) = ask("beta").await;
+        let (again_text, again) = ask("alpha").await;
+        assert_eq!((first, other), (0, 0), "no earlier answer of these keys");
+        assert!(again > 0, "alpha's second request did not draft from alpha's first answer");
+        assert_eq!((&other_text, &again_text), (&text, &text));
+        assert_eq!(call(&router, "POST", "/v1/completions", &body).await.0, StatusCode::UNAUTHORIZED);
     }
 
     /// `/tokenize` runs off the HTTP workers: on a runtime with one worker, `/health` is answered while a long

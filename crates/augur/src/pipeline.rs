@@ -21,6 +21,7 @@ use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
 use crate::speculation::factory::{self, AssistantParts, AssistantRef, DraftParts};
 use crate::speculation::method::{self, Available, LoadedModel, MethodName};
+use crate::speculation::suffix_cache::SuffixCacheRef;
 use crate::speculation::{speculative, BackoffPolicy};
 use crate::tokenizer::{ChatMessage, Tokenizer};
 
@@ -255,6 +256,9 @@ pub struct CallOptions {
     /// Whether a stop string may begin in the prompt. `None`: true, Transformers' `StopStringCriteria`, which
     /// reads the whole sequence; `false` matches the generated text only, as OpenAI, vLLM and llama.cpp do.
     pub stop_strings_match_prompt: Option<bool>,
+    /// The process-wide cache of earlier outputs that suffix decoding reads and feeds, with the caller's key;
+    /// `None`: a suffix draft comes from the request's own prompt and output only.
+    pub suffix_cache: Option<SuffixCacheRef>,
 }
 
 impl CallOptions {
@@ -335,6 +339,27 @@ impl Pipeline {
         o.merge(&self.defaults);
         o.merge(options);
         GenerationConfig::from_options(&o)
+    }
+
+    /// The method a call runs under a caller that drafts by default (the CLI, the server): `named` when given;
+    /// else `None`, Transformers' precedence, when `options` or a loaded assistant choose a method; else `auto`.
+    pub fn default_method(&self, named: Option<MethodName>, options: &GenerationOptions) -> Option<MethodName> {
+        if named.is_some() {
+            return named;
+        }
+        let cfg = self.resolve_config(options);
+        let target = &self.target;
+        let available = Available {
+            target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
+            mtp: target.mtp.is_some(),
+            assistant: self.assistant.as_ref().map(|a| LoadedModel {
+                path: a.path(),
+                config: a.config(),
+                tokenizer: a.tokenizer(),
+            }),
+        };
+        let chosen = crate::speculation::registry::REGISTRY.iter().any(|m| (m.chosen)(&cfg, &available));
+        (!chosen).then_some(MethodName::Auto)
     }
 
     /// Generates from `prompt`; the new text goes to `sink` as it is accepted and is returned in `text`.
@@ -497,6 +522,7 @@ impl Pipeline {
                     },
                 }
             }),
+            suffix_cache: call.suffix_cache.clone(),
         };
         let mut drafter = factory::build(choice, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;
         let result = match drafter.as_deref_mut() {

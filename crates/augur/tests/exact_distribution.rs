@@ -25,7 +25,7 @@ use augur::models::mtp::MtpHead;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{Assistant, LoadedLm};
 use augur::speculation::methods::{
-    AssistantModel, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, UniversalSampling,
+    AssistantModel, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, SuffixDrafter, UniversalSampling,
 };
 use augur::speculation::speculative;
 use augur::speculation::verify::{self, Block, TreeBlock, TreeVerdict, Verdict, Verifier};
@@ -49,6 +49,8 @@ enum Method {
     MtpFirstLayer,
     Gemma4,
     Universal,
+    /// Suffix decoding over the request's own prompt: one-hot siblings scored by counts.
+    Suffix,
 }
 
 /// One distribution test: the models, the drafter, the options, and how many positions a round must have drafted
@@ -88,15 +90,18 @@ fn case(name: &'static str, method: Method, options: GenerationOptions) -> Case 
         Method::MtpFirstLayer => ("tiny-deepseek-v3-mtp2", None, 1),
         Method::Gemma4 => ("tiny-gemma4", Some("tiny-gemma4-assistant"), 2),
         Method::Universal => ("tiny-llama", Some("tiny-qwen2-metaspace"), 3),
+        Method::Suffix => ("tiny-llama", None, 2),
     };
     let options = match method {
         Method::Lookup => GenerationOptions { prompt_lookup_num_tokens: Some(3), ..options },
         Method::EarlyExit(l) => GenerationOptions { assistant_early_exit: Some(l), ..options },
         Method::Mtp | Method::MtpFirstLayer => GenerationOptions { use_mtp: Some(true), ..options },
+        Method::Suffix => GenerationOptions { suffix_max_spec_factor: Some(2.0), ..options },
         _ => options,
     };
     let prompt = match method {
         Method::Lookup if options.speculative_eagle_topk.is_some() => lookup_tree_prompt(&options),
+        Method::Suffix => lookup_tree_prompt(&options),
         Method::Lookup => lookup_prompt(&options),
         _ => PROMPT.to_vec(),
     };
@@ -279,6 +284,7 @@ fn run(
             let a = a.model.as_ref();
             Box::new(Gemma4AssistantDrafter::new(a, &cfg, prompt.len(), target.config().sliding_window).unwrap())
         }
+        Method::Suffix => Box::new(SuffixDrafter::new(&cfg, prompt.len(), None).unwrap()),
         Method::Universal => {
             let a = lm(&mut m.assistant);
             Box::new(
@@ -399,7 +405,7 @@ fn check(case: Case) {
         d.accepted,
         d.rejected
     );
-    if case.options.speculative_eagle_topk.is_some_and(|k| k > 1) {
+    if case.options.speculative_eagle_topk.is_some_and(|k| k > 1) || case.method == Method::Suffix {
         assert_eq!(d.tree_draws, draws, "{}: draws without a branching tree", case.name);
     }
     assert!(fit.passes(), "{}: {fit:?}", case.name);
@@ -413,6 +419,13 @@ fn check(case: Case) {
 /// continuations (one-hot siblings).
 fn tree_sampling() -> GenerationOptions {
     GenerationOptions { speculative_eagle_topk: Some(2), assistant_confidence_threshold: Some(1.0), ..sampling() }
+}
+
+/// Suffix decoding after `a b d x y a b e z a b`: `d` and `e` each followed `a b` once, one-hot siblings of
+/// probability 1/2 each, with their continuations behind them.
+#[test]
+fn suffix_tree() {
+    check(case("suffix tree", Method::Suffix, sampling()));
 }
 
 #[test]
@@ -657,6 +670,12 @@ impl Verifier for BrokenTree {
 #[test]
 fn stale_sibling_residuals_are_caught() {
     let c = case("assistant tree", Method::Assistant, tree_sampling());
+    assert_caught(c, &BrokenTree::StaleResidual, false, "stale sibling residual");
+}
+
+#[test]
+fn stale_residuals_over_one_hot_suffix_siblings_are_caught() {
+    let c = case("suffix tree", Method::Suffix, sampling());
     assert_caught(c, &BrokenTree::StaleResidual, false, "stale sibling residual");
 }
 

@@ -1,6 +1,8 @@
 //! Greedy differential fuzzing: random drafters, draft lengths, schedules, confidence thresholds, processors,
 //! stop strings, EOS ids, budgets and prompts, on every fixture and on SmolLM2, with cost-aware drafting on and
-//! off; each speculative run must give plain greedy decoding's tokens, text and finish reason.
+//! off; each speculative run must give plain greedy decoding's tokens, text and finish reason. Suffix decoding
+//! and `auto` share one process-wide suffix cache across the cases (one owner per target), and a second test
+//! runs them on concurrent forks sharing a cache.
 //!
 //! `AUGUR_FUZZ_CASES` (default 300, about a minute on the CI machine) cases are drawn from `AUGUR_FUZZ_SEED`
 //! (default fixed); case `i` uses seed `AUGUR_FUZZ_SEED + i`, and a failure prints the one-line command that
@@ -11,9 +13,13 @@ mod common;
 
 use std::collections::HashMap;
 
+use std::sync::Arc;
+
 use augur::generation::config::GenerationOptions;
 use augur::generation::output::GenerationOutput;
-use augur::pipeline::{Assistant, Pipeline};
+use augur::pipeline::{Assistant, CallOptions, Pipeline};
+use augur::speculation::method::MethodName;
+use augur::speculation::suffix_cache::{SuffixCache, SuffixCacheRef};
 use common::*;
 
 const DEFAULT_SEED: u64 = 0x5EED_F022;
@@ -137,7 +143,7 @@ fn draw(seed: u64, mut vocab: impl FnMut(&str) -> u32) -> Case {
             o.min_new_tokens = Some(r.below(6) as usize);
         }
     }
-    let mut methods = vec!["prompt_lookup"];
+    let mut methods = vec!["prompt_lookup", "suffix", "auto"];
     if !setup.gemma4 {
         // Gemma 4's per-layer inputs and KV sharing leave early exit unsupported there.
         methods.push("early_exit");
@@ -170,6 +176,16 @@ fn draw(seed: u64, mut vocab: impl FnMut(&str) -> u32) -> Case {
             o.max_matching_ngram_size = Some(r.below(4) as usize);
         }
         "mtp" => o.use_mtp = Some(true),
+        "suffix" | "auto" => {
+            o.suffix_max_depth = Some(1 + r.below(32) as usize);
+            o.suffix_max_spec_factor = Some(*r.pick(&[0.5, 1.0, 2.0, 4.0]));
+            o.suffix_min_token_prob = Some(*r.pick(&[0.0, 0.1, 0.3]));
+            o.suffix_global_cache = Some(r.chance(70));
+            if method == "auto" && r.chance(50) {
+                assistant = setup.assistant;
+                o.num_assistant_tokens = Some(1 + r.below(8) as usize);
+            }
+        }
         _ => {
             if method == "early_exit" {
                 o.assistant_early_exit = Some(1 + r.below(2) as usize);
@@ -211,6 +227,7 @@ fn greedy_speculation_equals_plain_greedy() {
     let seed = env("AUGUR_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
     let cases = env("AUGUR_FUZZ_CASES").unwrap_or(DEFAULT_CASES);
     let mut pipes = Pipelines::default();
+    let cache = Arc::new(SuffixCache::new(4096));
     let mut vocabs = HashMap::new();
     let mut by_method: HashMap<&str, (usize, usize)> = HashMap::new();
     let mut tree_rounds: HashMap<&str, usize> = HashMap::new();
@@ -247,9 +264,14 @@ fn greedy_speculation_equals_plain_greedy() {
         let want =
             if stop.is_some() { plain_pipe.generate_ids(&case.prompt, &plain_opts, None).unwrap() } else { free };
         let options = GenerationOptions { stop_strings: stop.map(|s| vec![s]), ..case.options.clone() };
+        let call = CallOptions {
+            method: (case.method == "auto").then_some(MethodName::Auto),
+            suffix_cache: Some(SuffixCacheRef { cache: Arc::clone(&cache), owner: case.setup.target.into() }),
+            ..CallOptions::new(options.clone())
+        };
         let got: GenerationOutput = pipes
             .get(case.setup.target, case.assistant)
-            .generate_ids(&case.prompt, &options, None)
+            .call_ids(&case.prompt, &call, None)
             .unwrap_or_else(|e| panic!("{e}\nreproduce: {repro}"));
         let what = || {
             format!(
@@ -271,12 +293,60 @@ fn greedy_speculation_equals_plain_greedy() {
     );
     if cases >= DEFAULT_CASES {
         // Every drafter was drawn, and drafted.
-        for m in ["prompt_lookup", "early_exit", "assistant_model", "universal_assisted", "mtp", "gemma4_assistant"] {
+        let all = ["prompt_lookup", "suffix", "auto", "early_exit", "assistant_model", "universal_assisted", "mtp"];
+        for m in all.into_iter().chain(["gemma4_assistant"]) {
             let (n, drafted) = by_method.get(m).copied().unwrap_or_default();
             assert!(n > 0 && drafted > 0, "{m}: {n} cases, {drafted} drafted tokens");
         }
-        for m in ["prompt_lookup", "assistant_model"] {
+        assert!(cache.outputs() > 0, "no output reached the suffix cache");
+        for m in ["prompt_lookup", "assistant_model", "suffix"] {
             assert!(tree_rounds.get(m).copied().unwrap_or(0) > 0, "{m} never verified a branching tree");
         }
     }
+}
+
+/// Suffix decoding and `auto` on concurrent forks of one pipeline, sharing one suffix cache: every output is
+/// plain greedy decoding's, drafts were made, and later requests found earlier outputs in the cache.
+#[test]
+fn concurrent_requests_sharing_a_suffix_cache_decode_plain_greedy() {
+    let pipe = Pipeline {
+        target: load(&fixtures().join("tiny-llama"), false),
+        assistant: None,
+        defaults: GenerationOptions::default(),
+    };
+    let vocab = pipe.target.config().vocab_size as u64;
+    // Prompts built from a few shared phrases, so that outputs repeat across requests.
+    let mut r = Rng(7);
+    let phrases: Vec<Vec<u32>> = (0..3).map(|_| (0..4 + r.below(4)).map(|_| r.below(vocab) as u32).collect()).collect();
+    let prompts: Vec<Vec<u32>> =
+        (0..16).map(|_| (0..1 + r.below(3)).flat_map(|_| r.pick(&phrases).clone()).collect()).collect();
+    let mut plain_pipe = pipe.fork().unwrap();
+    let want: Vec<Vec<u32>> =
+        prompts.iter().map(|p| plain_pipe.generate_ids(p, &greedy(24), None).unwrap().tokens).collect();
+    let cache = Arc::new(SuffixCache::new(1 << 16));
+    let drafted: usize = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|w| {
+                let (mut fork, cache, prompts, want) = (pipe.fork().unwrap(), Arc::clone(&cache), &prompts, &want);
+                s.spawn(move || {
+                    let mut drafted = 0;
+                    for i in (w..prompts.len()).step_by(4) {
+                        let method = if i % 2 == 0 { MethodName::Auto } else { MethodName::Suffix };
+                        let call = CallOptions {
+                            method: Some(method),
+                            suffix_cache: Some(SuffixCacheRef { cache: Arc::clone(&cache), owner: String::new() }),
+                            ..CallOptions::new(greedy(24))
+                        };
+                        let got = fork.call_ids(&prompts[i], &call, None).unwrap();
+                        assert_eq!(got.tokens, want[i], "{method} on prompt {i}: {:?}", prompts[i]);
+                        drafted += got.stats.drafted;
+                    }
+                    drafted
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
+    });
+    assert!(drafted > 0, "no request drafted");
+    assert_eq!(cache.outputs(), prompts.len(), "every request's output joins the cache");
 }

@@ -18,6 +18,8 @@ ENGINE_OPTIONS = (
     "seed", "assistant_confidence_adaptive", "cost_aware_drafting",
     # Tree drafts, under vLLM's and SGLang's names.
     "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_num_steps",
+    # Suffix decoding, under Arctic Inference's names (setting one of the first three chooses it).
+    "suffix_max_depth", "suffix_max_spec_factor", "suffix_min_token_prob", "suffix_global_cache",
 )
 
 # Transformers' options that augur does not implement, with the values that leave generation as augur runs it:

@@ -223,6 +223,15 @@ generation_fields! {
     assistant_lookbehind: opt usize = (), parse_de::<usize>;
     /// Universal assisted decoding: previous target tokens re-encoded for the assistant (effective 10).
     target_lookbehind: opt usize = (), parse_de::<usize>;
+    /// Suffix decoding: the deepest match plus draft (vLLM's `suffix_decoding_max_tree_depth`; effective 24).
+    suffix_max_depth: opt usize = (), parse_de::<usize>;
+    /// Suffix decoding: draft tokens allowed per matched token (effective 1.0).
+    suffix_max_spec_factor: opt f32 = (), parse_de::<f32>;
+    /// Suffix decoding: drafts whose estimated probability is below this are not proposed (effective 0.1).
+    suffix_min_token_prob: opt f32 = (), parse_de::<f32>;
+    /// Suffix decoding: read and feed the process-wide cache of earlier outputs (effective true); false keeps to
+    /// the request's own prompt and output.
+    suffix_global_cache: opt bool = (), parse_de::<bool>;
 }
 
 fn parse_de<T: DeserializeOwned>(field: &str, v: &Value) -> Result<Option<T>> {

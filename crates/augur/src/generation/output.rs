@@ -40,6 +40,11 @@ pub struct GenerationStats {
     /// The sequence length at which the drafter's own context (a shorter assistant's) was full: from there on
     /// the request decoded plainly.
     pub context_fallback_at: Option<usize>,
+    /// Rounds that drafted, by where their drafts came from: suffix decoding's `request` (its own prompt and
+    /// output) and `cache` (earlier requests' outputs), and under `auto` also `assistant`. Empty for the other
+    /// methods.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub draft_sources: std::collections::BTreeMap<&'static str, usize>,
     /// Per speculative round: drafts proposed and drafts kept (Transformers' `n`, after the EOS and length
     /// cut).
     #[serde(skip)]

@@ -11,6 +11,7 @@ use candle_core::Tensor;
 
 use super::drafter::{Draft, Drafter};
 use crate::error::Result;
+use crate::generation::output::GenerationStats;
 use crate::models::CausalLm;
 
 /// When a sequence stops drafting: while `running` exceeds `max_load`.
@@ -57,6 +58,14 @@ impl Drafter for Backoff<'_> {
 
     fn wants_target_hidden(&self) -> bool {
         self.inner.wants_target_hidden()
+    }
+
+    fn plans_rounds(&self) -> bool {
+        self.inner.plans_rounds()
+    }
+
+    fn report(&self, stats: &mut GenerationStats) {
+        self.inner.report(stats)
     }
 
     fn context_room(&self, context_len: usize) -> Option<usize> {

@@ -78,6 +78,30 @@ enum Setup {
     Declined,
 }
 
+/// Where a drafter that must first read the prompt with a model of its own stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefill {
+    /// Not judged to pay yet.
+    Waiting,
+    Started,
+    /// Judged never to pay in this call.
+    Declined,
+}
+
+/// Whether a drafter's prefill, estimated at `prefill` seconds, is to be paid now, with `remaining` tokens left
+/// in the budget, `decoded` decoded so far and plain steps of `t1` seconds (see the module doc): declined when
+/// the whole budget cannot repay it, waiting while the answer decoded so far (plus [`ANSWER_PRIOR`]) cannot.
+pub fn prefill_pays(prefill: f64, t1: f64, remaining: usize, decoded: usize) -> Prefill {
+    let saving_per_token = BEST_SAVING * t1;
+    if prefill > saving_per_token * remaining as f64 {
+        Prefill::Declined
+    } else if prefill > saving_per_token * (decoded + ANSWER_PRIOR) as f64 {
+        Prefill::Waiting
+    } else {
+        Prefill::Started
+    }
+}
+
 /// What the next round may draft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DraftCap {
@@ -127,18 +151,16 @@ impl CostModel {
             (1, _) if self.plain.is_none() => return DraftCap::AtMost(0),
             (decoded, Setup::Deferred { step, prefill }) => {
                 let t1 = self.plain.unwrap_or(step);
-                let drafter_prefill = prefill.unwrap_or(0.0) * step / t1;
-                let saving_per_token = BEST_SAVING * t1;
-                if drafter_prefill > saving_per_token * remaining as f64 {
-                    self.setup = Setup::Declined;
-                    return DraftCap::AtMost(0);
-                }
                 // Every round so far was a plain one-token step.
-                if drafter_prefill > saving_per_token * (decoded + ANSWER_PRIOR) as f64 {
-                    return DraftCap::AtMost(0);
+                match prefill_pays(prefill.unwrap_or(0.0) * step / t1, t1, remaining, decoded) {
+                    Prefill::Declined => self.setup = Setup::Declined,
+                    Prefill::Waiting => {}
+                    Prefill::Started => {
+                        self.setup = Setup::Starting;
+                        return DraftCap::AtMost(PROBE_GAMMA);
+                    }
                 }
-                self.setup = Setup::Starting;
-                return DraftCap::AtMost(PROBE_GAMMA);
+                return DraftCap::AtMost(0);
             }
             _ => {}
         }

@@ -5,6 +5,7 @@ use candle_core::Tensor;
 
 use crate::error::Result;
 pub use crate::generation::config::TreeShape;
+use crate::generation::output::GenerationStats;
 use crate::models::CausalLm;
 
 /// Candidate tokens for one round.
@@ -91,6 +92,13 @@ pub trait Drafter {
     /// The target kept `accepted` of the `proposed` drafts and `context` is now the whole sequence: roll back
     /// and adapt.
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()>;
+    /// Whether the drafter sizes every round itself from its own measurements (`auto`): the loop's cost model
+    /// then stays out of its way, and every round calls [`Drafter::propose`].
+    fn plans_rounds(&self) -> bool {
+        false
+    }
+    /// Adds what the drafter alone knows to the call's statistics, once the call is over.
+    fn report(&self, _stats: &mut GenerationStats) {}
     /// Whether the drafter needs the target's final hidden states from each verification forward (MTP, Gemma 4's
     /// assistant).
     fn wants_target_hidden(&self) -> bool {

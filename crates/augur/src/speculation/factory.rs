@@ -12,12 +12,15 @@ use crate::tokenizer::Tokenizer;
 
 use super::backoff::{Backoff, BackoffPolicy};
 use super::drafter::Drafter;
+use super::suffix_cache::SuffixCacheRef;
 
 /// What the drafters borrow for the call: the target's tokenizer and MTP layers, and the assistant.
 pub struct DraftParts<'a> {
     pub target_tokenizer: &'a Tokenizer,
     pub mtp: Option<&'a mut dyn MtpHead>,
     pub assistant: Option<AssistantParts<'a>>,
+    /// The process-wide suffix cache the call reads and feeds (suffix decoding), when it has one.
+    pub suffix_cache: Option<SuffixCacheRef>,
 }
 
 /// The assistant model as the drafters take it.

@@ -29,6 +29,9 @@ impl MethodName {
     pub const AssistantModel: MethodName = MethodName::registered("assistant_model");
     pub const EarlyExit: MethodName = MethodName::registered("early_exit");
     pub const Mtp: MethodName = MethodName::registered("mtp");
+    pub const Suffix: MethodName = MethodName::registered("suffix");
+    /// Suffix decoding or the assistant, or neither, round by round (the CLI's and the server's default).
+    pub const Auto: MethodName = MethodName::registered("auto");
 
     const fn registered(name: &str) -> MethodName {
         MethodName(Some(super::registry::index_of(name)))
@@ -115,6 +118,10 @@ pub enum SpeculationMethod {
     Universal,
     /// An assistant with another tokenizer, sampled: drafts map through the tokens both vocabularies share.
     UniversalSampling,
+    /// Suffix decoding and, when `assistant`, the assistant (same tokenizer), chosen round by round.
+    Auto {
+        assistant: bool,
+    },
     /// A method whose registry entry builds its drafter from the options alone.
     Registered(MethodName),
 }
@@ -152,6 +159,7 @@ impl SpeculationMethod {
         matches!(
             self,
             SpeculationMethod::Assistant
+                | SpeculationMethod::Auto { assistant: true }
                 | SpeculationMethod::Gemma4Assistant
                 | SpeculationMethod::Universal
                 | SpeculationMethod::UniversalSampling

@@ -12,6 +12,7 @@ pub mod method;
 pub mod methods;
 pub mod registry;
 pub mod speculative;
+pub mod suffix_cache;
 pub mod verify;
 
 pub use backoff::{Backoff, BackoffPolicy};

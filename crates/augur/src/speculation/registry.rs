@@ -24,6 +24,8 @@ pub const MAX_DRAFT_TOKENS: usize = 128;
 pub const MAX_TREE_BRANCHES: usize = 16;
 /// The most tokens universal assisted decoding may re-tokenize per round.
 pub const MAX_LOOKBEHIND: usize = 1024;
+/// The deepest suffix match plus draft: each matched token costs a comparison per occurrence and round.
+pub const MAX_SUFFIX_DEPTH: usize = 128;
 
 /// Builds a method's drafter for the resolved `method`, from the call's `cfg`, the prompt length, the target's
 /// model config and what the pipeline lends.
@@ -185,6 +187,26 @@ pub const TARGET_LOOKBEHIND: Knob = knob!(
     "universal assisted decoding: target tokens re-encoded per round",
     max Some(MAX_LOOKBEHIND)
 );
+
+pub const SUFFIX_MAX_DEPTH: Knob = knob!(
+    suffix_max_depth,
+    "24",
+    "suffix decoding: the deepest match plus draft",
+    max Some(MAX_SUFFIX_DEPTH)
+);
+pub const SUFFIX_MAX_SPEC_FACTOR: Knob =
+    knob!(suffix_max_spec_factor, "1.0", "suffix decoding: draft tokens allowed per matched token");
+pub const SUFFIX_MIN_TOKEN_PROB: Knob =
+    knob!(suffix_min_token_prob, "0.1", "suffix decoding: drafts less probable than this are not proposed");
+pub const SUFFIX_GLOBAL_CACHE: Knob = knob!(
+    suffix_global_cache,
+    "true",
+    "suffix decoding: read and feed the process-wide cache of earlier outputs (per API key)"
+);
+
+/// What suffix decoding reads.
+pub const SUFFIX: [&Knob; 4] =
+    [&SUFFIX_MAX_DEPTH, &SUFFIX_MAX_SPEC_FACTOR, &SUFFIX_MIN_TOKEN_PROB, &SUFFIX_GLOBAL_CACHE];
 
 /// What a method drafting with a model reads: the draft length and its schedule, the confidence threshold,
 /// ensemble verification and cost-aware drafting.

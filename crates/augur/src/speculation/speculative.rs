@@ -48,7 +48,7 @@ pub fn generate_with(
     let mut sampler = Sampler::for_config(cfg);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
     // cost one block and a head, so they are left uncapped.
-    let mut cost = if cfg.cost_aware() && !drafter.wants_target_hidden() {
+    let mut cost = if cfg.cost_aware() && !drafter.wants_target_hidden() && !drafter.plans_rounds() {
         Some(drafter.step_seconds()?.map_or_else(CostModel::new, CostModel::with_drafter_prefill))
     } else {
         None
@@ -157,6 +157,7 @@ pub fn generate_with(
         drafter.observe(emitter.tokens(), gamma, accepted)?;
     }
     stats.new_tokens = emitter.generated().len();
+    drafter.report(stats);
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! method is its file plus its two lines here. A drafter proposes; it never verifies.
 
 mod assistant;
+mod auto;
 mod autoregressive;
 #[cfg(test)]
 mod dummy;
@@ -10,6 +11,7 @@ mod early_exit;
 mod gemma4_assistant;
 mod mtp;
 mod prompt_lookup;
+mod suffix;
 mod universal;
 mod universal_sampling;
 
@@ -22,6 +24,8 @@ pub const REGISTRY: &[Method] = &[
     prompt_lookup::METHOD,
     mtp::METHOD,
     assistant::METHOD,
+    suffix::METHOD,
+    auto::METHOD,
     #[cfg(test)]
     dummy::METHOD,
 ];
@@ -31,5 +35,6 @@ pub use early_exit::EarlyExit;
 pub use gemma4_assistant::Gemma4AssistantDrafter;
 pub use mtp::MtpDrafter;
 pub use prompt_lookup::{PromptLookup, DEFAULT_PROMPT_LOOKUP_NUM_TOKENS};
+pub use suffix::{DraftSource, SuffixDrafter};
 pub use universal::UniversalAssisted;
 pub use universal_sampling::{UniversalSampling, VocabMap};

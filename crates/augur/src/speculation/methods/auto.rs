@@ -1,0 +1,343 @@
+//! `auto`: each round drafts from whichever source promises the most tokens per second, or not at all. The
+//! sources are suffix decoding (free to draft, each node with an estimated probability of being accepted) and,
+//! when the pipeline has one with the target's tokenizer, the assistant model.
+//!
+//! Costs are counted in one-token target forwards (t₁, measured on the call's plain steps): verifying n draft
+//! rows costs 1 + n·r, an assistant draft d more. A suffix draft of its n most probable nodes yields
+//! 1 + c·Σpᵢ tokens, c calibrating the counts' probabilities against what the target really kept in this call
+//! (an output seen once predicts its continuation with probability 1); an assistant draft of γ tokens yields
+//! (1 − α^(γ+1)) / (1 − α) at its measured acceptance α (Leviathan et al.). The round takes the best rate of
+//! the two, each at its best size, when it beats a plain step by [`MIN_GAIN`]; otherwise a plain step. r, d, c
+//! and α are measured on the call's own rounds and decay towards their priors, so a source that failed once is
+//! tried again later. The assistant must first read the prompt: it starts only when that is judged to pay (the
+//! cost model's rule, [`cost_model::prefill_pays`]).
+//!
+//! The drafts are verified as any method's: greedy output is plain greedy output, sampling keeps the target's
+//! distribution.
+
+use std::time::Instant;
+
+use super::assistant;
+use super::suffix::{self, SuffixDrafter};
+use crate::error::{Error, Result};
+use crate::generation::config::GenerationConfig;
+use crate::generation::output::GenerationStats;
+use crate::models::{CausalLm, ModelConfig};
+use crate::speculation::cost_model::{self, Prefill};
+use crate::speculation::drafter::{Draft, Drafter};
+use crate::speculation::factory::{missing, DraftParts};
+use crate::speculation::method::{Available, SpeculationMethod};
+use crate::speculation::registry::{self, Method};
+
+/// `auto`: named by the CLI and the server when no method is; the assistant joins when the pipeline has one
+/// that shares the target's tokenizer.
+pub(crate) const METHOD: Method = Method {
+    name: "auto",
+    knobs: &[
+        &registry::SUFFIX,
+        &[
+            &registry::NUM_ASSISTANT_TOKENS,
+            &registry::NUM_ASSISTANT_TOKENS_SCHEDULE,
+            &registry::ASSISTANT_CONFIDENCE_THRESHOLD,
+            &registry::ASSISTANT_CONFIDENCE_ADAPTIVE,
+        ],
+    ],
+    chosen: |_, _| false,
+    named: |_| Ok(()),
+    resolve,
+    build,
+};
+
+fn resolve(cfg: &GenerationConfig, models: &Available<'_>) -> Result<SpeculationMethod> {
+    suffix::params(cfg)?;
+    let assistant = match models.assistant {
+        None => false,
+        Some(_) => match (assistant::METHOD.resolve)(cfg, models)? {
+            SpeculationMethod::Assistant => true,
+            other => {
+                return Err(Error::InvalidOption(format!(
+                    "method `auto` drafts with an assistant that shares the target's tokenizer; this one would run as \
+                     {other:?}: name method `assistant_model` to use it"
+                )))
+            }
+        },
+    };
+    Ok(SpeculationMethod::Auto { assistant })
+}
+
+fn build<'a>(
+    method: SpeculationMethod,
+    cfg: &GenerationConfig,
+    prompt_len: usize,
+    target: &ModelConfig,
+    parts: DraftParts<'a>,
+) -> Result<Box<dyn Drafter + 'a>> {
+    let SpeculationMethod::Auto { assistant } = method else { return Err(missing(method, "method `auto`")) };
+    let suffix = SuffixDrafter::new(cfg, prompt_len, parts.suffix_cache.clone())?;
+    let assistant = match assistant {
+        true => Some((assistant::METHOD.build)(SpeculationMethod::Assistant, cfg, prompt_len, target, parts)?),
+        false => None,
+    };
+    Ok(Box::new(Auto::new(suffix, assistant, prompt_len)))
+}
+
+/// A round must promise at least this speedup over a plain step.
+const MIN_GAIN: f64 = 1.02;
+/// Decay of the measured estimates per round.
+const DECAY: f64 = 0.8;
+/// Prior cost of a verified draft row, in one-token forwards (measured: 0.1–0.3 on 2 cores).
+const PRIOR_ROW: f64 = 0.25;
+/// Prior calibration of the suffix counts, and its weight in rounds.
+const PRIOR_CALIBRATION: f64 = 0.5;
+const PRIOR_WEIGHT: f64 = 2.0;
+/// Prior acceptance of the assistant's drafts.
+const PRIOR_ALPHA: f64 = 0.6;
+/// Most nodes drafted with the prompt, whose forward they join.
+const PREFILL_NODES: usize = 4;
+/// Longest assistant draft considered.
+const MAX_GAMMA: usize = 16;
+/// The assistant's first draft, before its acceptance is measured.
+const PROBE_GAMMA: usize = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lane {
+    /// The prompt's forward, with at most [`PREFILL_NODES`] suffix drafts.
+    Prefill,
+    Plain,
+    Suffix {
+        predicted: f64,
+    },
+    Assistant {
+        first: bool,
+    },
+}
+
+/// What the pending round did, until [`Drafter::observe`] closes it.
+struct Round {
+    lane: Lane,
+    rows: usize,
+    draft_seconds: f64,
+    /// When the draft was handed to the loop: the verification follows.
+    proposed: Instant,
+}
+
+/// A decayed ratio with a prior: `(num + prior·weight) / (den + weight)`.
+#[derive(Debug, Clone, Copy)]
+struct Estimate {
+    num: f64,
+    den: f64,
+    prior: f64,
+}
+
+impl Estimate {
+    fn new(prior: f64) -> Self {
+        Self { num: 0.0, den: 0.0, prior }
+    }
+
+    fn value(&self) -> f64 {
+        (self.num + self.prior * PRIOR_WEIGHT) / (self.den + PRIOR_WEIGHT)
+    }
+
+    fn add(&mut self, num: f64, den: f64) {
+        self.num = self.num * DECAY + num;
+        self.den = self.den * DECAY + den;
+    }
+}
+
+pub struct Auto<'a> {
+    suffix: SuffixDrafter,
+    assistant: Option<Box<dyn Drafter + 'a>>,
+    prompt_len: usize,
+    /// Seconds of a one-token target forward.
+    t1: Option<f64>,
+    /// Seconds of the prompt's forward.
+    prefill: Option<f64>,
+    /// Extra verification cost per draft row, in one-token forwards.
+    row: Estimate,
+    /// Accepted suffix drafts per predicted one.
+    calibration: Estimate,
+    /// The assistant: its drafts' acceptance, drafting cost per draft (one-token forwards), one-token forward
+    /// seconds, and whether it has read the prompt.
+    alpha: Estimate,
+    draft_cost: Option<f64>,
+    assistant_step: Option<f64>,
+    assistant_state: Prefill,
+    assistant_rounds: usize,
+    round: Option<Round>,
+}
+
+impl<'a> Auto<'a> {
+    pub fn new(suffix: SuffixDrafter, assistant: Option<Box<dyn Drafter + 'a>>, prompt_len: usize) -> Self {
+        let assistant_state = if assistant.is_some() { Prefill::Waiting } else { Prefill::Declined };
+        Self {
+            suffix,
+            assistant,
+            prompt_len,
+            t1: None,
+            prefill: None,
+            row: Estimate::new(PRIOR_ROW),
+            calibration: Estimate::new(PRIOR_CALIBRATION),
+            alpha: Estimate::new(PRIOR_ALPHA),
+            draft_cost: None,
+            assistant_step: None,
+            assistant_state,
+            assistant_rounds: 0,
+            round: None,
+        }
+    }
+
+    /// The suffix draft's most rewarding prefix: its node count and rate (tokens per one-token forward).
+    fn best_suffix(&self, probs: &[f32]) -> (usize, f64) {
+        let (c, r) = (self.calibration.value(), self.row.value());
+        let (mut best, mut best_rate, mut sum) = (0, 1.0, 0.0);
+        for (i, &p) in probs.iter().enumerate() {
+            sum += f64::from(p);
+            let rate = (1.0 + c * sum) / (1.0 + (i + 1) as f64 * r);
+            if rate > best_rate {
+                (best, best_rate) = (i + 1, rate);
+            }
+        }
+        (best, best_rate)
+    }
+
+    /// The assistant's best draft length and rate, once it has read the prompt and its cost is measured.
+    fn best_assistant(&self, max: usize) -> (usize, f64) {
+        let (alpha, r) = (self.alpha.value().min(0.99), self.row.value());
+        let Some(d) = self.draft_cost else { return (PROBE_GAMMA.min(max), 1.0 + f64::EPSILON) };
+        let (mut best, mut best_rate) = (0, 1.0);
+        for g in 1..=MAX_GAMMA.min(max) {
+            let rate = (1.0 - alpha.powi(g as i32 + 1)) / (1.0 - alpha) / (1.0 + g as f64 * (d + r));
+            if rate > best_rate {
+                (best, best_rate) = (g, rate);
+            }
+        }
+        (best, best_rate)
+    }
+
+    /// Whether the assistant may draft this round: started, or its prefill now judged to pay.
+    fn assistant_ready(&mut self, decoded: usize, remaining: usize) -> Result<bool> {
+        if self.assistant_state == Prefill::Waiting {
+            let Some(a) = self.assistant.as_mut() else { return Ok(false) };
+            let step = match self.assistant_step {
+                Some(s) => s,
+                None => *self.assistant_step.insert(a.step_seconds()?.unwrap_or(0.0)),
+            };
+            if let (Some(t1), Some(prefill)) = (self.t1, self.prefill) {
+                self.assistant_state = cost_model::prefill_pays(prefill * step / t1, t1, remaining, decoded);
+            }
+        }
+        Ok(self.assistant_state == Prefill::Started)
+    }
+}
+
+impl Drafter for Auto<'_> {
+    fn method(&self) -> &'static str {
+        METHOD.name
+    }
+
+    fn plans_rounds(&self) -> bool {
+        true
+    }
+
+    fn report(&self, stats: &mut GenerationStats) {
+        self.suffix.report(stats);
+        if self.assistant_rounds > 0 {
+            stats.draft_sources.insert("assistant", self.assistant_rounds);
+        }
+    }
+
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
+        let t0 = Instant::now();
+        let decoded = context.len().saturating_sub(self.prompt_len);
+        let (draft, lane) = if decoded == 0 && self.prefill.is_none() {
+            let (c, source) = self.suffix.candidate(context, max.min(PREFILL_NODES));
+            let draft = suffix::draft(c, PREFILL_NODES, target.config().vocab_size);
+            if !draft.tokens.is_empty() {
+                self.suffix.drafted_from(source);
+            }
+            (draft, Lane::Prefill)
+        } else if self.t1.is_none() || max == 0 {
+            (Draft::default(), Lane::Plain)
+        } else {
+            let (c, source) = self.suffix.candidate(context, max);
+            let (n, suffix_rate) = self.best_suffix(&c.probs);
+            let assistant = if self.assistant_ready(decoded, max + 1)? { Some(self.best_assistant(max)) } else { None };
+            match assistant {
+                Some((g, rate)) if g > 0 && rate > suffix_rate.max(MIN_GAIN) => {
+                    let a = self
+                        .assistant
+                        .as_mut()
+                        .ok_or_else(|| missing(SpeculationMethod::Auto { assistant: true }, "an assistant"))?;
+                    a.set_cost_cap(Some(g));
+                    let first = self.draft_cost.is_none();
+                    (a.propose(target, context, g)?, Lane::Assistant { first })
+                }
+                _ if n > 0 && suffix_rate > MIN_GAIN => {
+                    self.suffix.drafted_from(source);
+                    let predicted = c.probs[..n].iter().map(|&p| f64::from(p)).sum();
+                    (suffix::draft(c, n, target.config().vocab_size), Lane::Suffix { predicted })
+                }
+                _ => (Draft::default(), Lane::Plain),
+            }
+        };
+        let lane = if draft.tokens.is_empty() && lane != Lane::Prefill { Lane::Plain } else { lane };
+        self.round = Some(Round {
+            lane,
+            rows: draft.tokens.len(),
+            draft_seconds: t0.elapsed().as_secs_f64(),
+            proposed: Instant::now(),
+        });
+        Ok(draft)
+    }
+
+    fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> Result<()> {
+        self.suffix.observe(context, proposed, accepted)?;
+        let Some(round) = self.round.take() else { return Ok(()) };
+        let seconds = round.proposed.elapsed().as_secs_f64();
+        // Every estimate leans back towards its prior a little each round.
+        self.calibration.add(0.0, 0.0);
+        self.alpha.add(0.0, 0.0);
+        match round.lane {
+            Lane::Prefill => self.prefill = Some(seconds),
+            Lane::Plain => self.t1 = Some(self.t1.map_or(seconds, |t| DECAY * t + (1.0 - DECAY) * seconds)),
+            Lane::Suffix { predicted } => {
+                self.calibration.add(accepted as f64, predicted);
+                self.measure_rows(round.rows, seconds);
+            }
+            Lane::Assistant { first } => {
+                self.assistant_rounds += 1;
+                if let Some(a) = self.assistant.as_mut() {
+                    a.observe(context, proposed, accepted)?;
+                }
+                let rejected = if accepted < proposed { 1.0 } else { 0.0 };
+                self.alpha.add(accepted as f64, accepted as f64 + rejected);
+                self.measure_rows(round.rows, seconds);
+                // The first draft's seconds include the assistant reading the prompt.
+                // The first draft's seconds include the assistant reading the prompt: its one-token forward
+                // stands in for them.
+                let per_draft = match first {
+                    true => self.assistant_step,
+                    false => Some(round.draft_seconds / round.rows.max(1) as f64),
+                };
+                if let (Some(s), Some(t1)) = (per_draft, self.t1) {
+                    let d = s / t1;
+                    self.draft_cost = Some(match (first, self.draft_cost) {
+                        (false, Some(old)) => DECAY * old + (1.0 - DECAY) * d,
+                        _ => d,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Auto<'_> {
+    /// Folds a verification of `rows` draft rows that took `seconds` into the per-row cost.
+    fn measure_rows(&mut self, rows: usize, seconds: f64) {
+        if let (Some(t1), true) = (self.t1, rows > 0) {
+            let per_row = ((seconds / t1 - 1.0) / rows as f64).max(0.0);
+            self.row.add(per_row, 1.0);
+        }
+    }
+}

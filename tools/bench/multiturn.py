@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Multi-turn workloads through an OpenAI-compatible `augur serve`, one speculation setting against another.
+
+Each conversation runs turn by turn (each answer joins the history, greedy, `max_tokens` per turn) once per
+setting, the settings taking turns conversation by conversation so that a slow spell of the machine reaches them
+alike. Every setting runs under an API key of its own (start the server with `--api-key` listing as many keys as
+settings, see --keys), so suffix decoding's cache of earlier answers holds only that setting's own answers: a
+setting never drafts from another setting's identical text. Reports, per setting, completion tokens over
+seconds (prefill included, measured by the client) and its ratio to the first setting; checks that every
+setting's answers are the first setting's, token for token (greedy output is plain greedy output).
+
+Workloads: `mt-bench` (the two-turn questions of Spec-Bench's question.jsonl: the second turn revises or extends
+the first answer) and `edit` (a small Python file revised over ten turns, each answer the whole file again).
+Standard library only.
+
+    python3 tools/bench/multiturn.py --url http://127.0.0.1:8080 --workload edit --keys k0,k1,k2,k3 \
+        --settings '"off"' '{"method": "suffix", "suffix_global_cache": false}' '{"method": "suffix"}' \
+        '{"method": "auto"}'
+"""
+
+import argparse
+import json
+import time
+import urllib.request
+
+EDIT_FILE = '''def mean(xs):
+    total = 0
+    for x in xs:
+        total += x
+    return total / len(xs)
+
+
+def variance(xs):
+    m = mean(xs)
+    total = 0
+    for x in xs:
+        total += (x - m) ** 2
+    return total / len(xs)
+
+
+def describe(xs):
+    return {"mean": mean(xs), "variance": variance(xs), "count": len(xs)}
+'''
+
+EDITS = [
+    "Here is a Python module:\n\n```python\n" + EDIT_FILE + "```\n\nAdd a docstring to every function. "
+    "Reply with the whole file and nothing else.",
+    "Add type hints to every function. Reply with the whole file and nothing else.",
+    "Make mean and variance raise ValueError on an empty list. Reply with the whole file and nothing else.",
+    "Rename describe to summarize. Reply with the whole file and nothing else.",
+    "Add a function stdev that returns the square root of the variance, using math.sqrt. Reply with the whole "
+    "file and nothing else.",
+    "Make summarize include the standard deviation under the key \"stdev\". Reply with the whole file and "
+    "nothing else.",
+    "Use sum() in mean instead of the loop. Reply with the whole file and nothing else.",
+    "Add a function median. Reply with the whole file and nothing else.",
+    "Make summarize include the median. Reply with the whole file and nothing else.",
+    "Add a __all__ list at the top naming the public functions. Reply with the whole file and nothing else.",
+]
+
+
+def conversations(workload, path, limit):
+    if workload == "edit":
+        return [EDITS]
+    convs = []
+    with open(path) as f:
+        for line in f:
+            q = json.loads(line)
+            if len(q["turns"]) > 1:
+                convs.append(q["turns"])
+    return convs[:limit]
+
+
+def ask(url, key, messages, max_tokens, speculation):
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "speculation": speculation}
+    req = urllib.request.Request(
+        url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        reply = json.loads(r.read())
+    return reply, time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--workload", choices=["mt-bench", "edit"], default="edit")
+    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--limit", type=int, default=4, help="mt-bench conversations")
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--keys", required=True, help="comma-separated API keys, one per setting")
+    ap.add_argument("--settings", nargs="+", required=True, help="JSON values of augur's `speculation` field")
+    args = ap.parse_args()
+    settings = [json.loads(s) for s in args.settings]
+    keys = args.keys.split(",")
+    if len(keys) < len(settings):
+        raise SystemExit("--keys: one key per setting")
+    totals = [[0, 0.0, 0, {}] for _ in settings]  # tokens, seconds, forwards, draft sources
+    mismatches = 0
+    for c, turns in enumerate(conversations(args.workload, args.questions, args.limit)):
+        answers = []
+        for s, (setting, key) in enumerate(zip(settings, keys)):
+            messages, mine = [], []
+            for t, turn in enumerate(turns):
+                messages.append({"role": "user", "content": turn})
+                reply, seconds = ask(args.url, key, messages, args.max_tokens, setting)
+                text = reply["choices"][0]["message"]["content"]
+                messages.append({"role": "assistant", "content": text})
+                mine.append(text)
+                u = reply["usage"]
+                spec = u["speculation"]
+                totals[s][0] += u["completion_tokens"]
+                totals[s][1] += seconds
+                totals[s][2] += spec["target_forwards"]
+                for k, v in spec.get("draft_sources", {}).items():
+                    totals[s][3][k] = totals[s][3].get(k, 0) + v
+                print(f"conv {c} turn {t} {json.dumps(setting):<50} {u['completion_tokens']:>4} tokens "
+                      f"{seconds:7.2f} s {u['completion_tokens'] / seconds:6.1f} tok/s "
+                      f"{spec['tokens_per_forward']:.2f} tok/forward {spec.get('draft_sources', {})}", flush=True)
+            if s > 0 and mine != answers[0]:
+                mismatches += 1
+                print(f"conv {c}: setting {json.dumps(setting)} answered differently from the first setting")
+            answers.append(mine)
+    base = totals[0][0] / totals[0][1]
+    for setting, (tokens, seconds, forwards, sources) in zip(settings, totals):
+        rate = tokens / seconds
+        print(json.dumps({"setting": setting, "tokens": tokens, "seconds": round(seconds, 2),
+                          "tok_per_s": round(rate, 2), "vs_first": round(rate / base, 3),
+                          "tokens_per_forward": round(tokens / max(forwards, 1), 2), "draft_sources": sources}))
+    if mismatches:
+        raise SystemExit(f"{mismatches} conversations differ from the first setting's")
+
+
+if __name__ == "__main__":
+    main()
