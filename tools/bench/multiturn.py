@@ -6,7 +6,9 @@ setting, the settings taking turns conversation by conversation so that a slow s
 alike. Every setting runs under an API key of its own (start the server with `--api-key` listing as many keys as
 settings, see --keys), so suffix decoding's cache of earlier answers holds only that setting's own answers: a
 setting never drafts from another setting's identical text. Reports, per setting, completion tokens over
-seconds (prefill included, measured by the client) and its ratio to the first setting; checks that every
+seconds (prefill included, measured by the client) and its ratio to the first setting, and the decode rate alone
+(tokens after each turn's first text over the seconds after it: the server re-reads the whole history each turn,
+and that prefill weighs on every setting alike); checks that every
 setting's answers are the first setting's, token for token (greedy output is plain greedy output).
 
 Workloads: `mt-bench` (the two-turn questions of Spec-Bench's question.jsonl: the second turn revises or extends
@@ -72,16 +74,31 @@ def conversations(workload, path, limit):
 
 
 def ask(url, key, messages, max_tokens, speculation):
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "speculation": speculation}
+    """One streamed turn: its text, usage, seconds in all and seconds from its first text to its end."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "speculation": speculation,
+            "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(
         url + "/v1/chat/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
     )
     t = time.perf_counter()
+    text, usage, first = [], None, None
     with urllib.request.urlopen(req, timeout=3600) as r:
-        reply = json.loads(r.read())
-    return reply, time.perf_counter() - t
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                piece = choice.get("delta", {}).get("content")
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+    end = time.perf_counter()
+    return "".join(text), usage, end - t, end - (first or end)
 
 
 def main():
@@ -98,7 +115,8 @@ def main():
     keys = args.keys.split(",")
     if len(keys) < len(settings):
         raise SystemExit("--keys: one key per setting")
-    totals = [[0, 0.0, 0, {}] for _ in settings]  # tokens, seconds, forwards, draft sources
+    # tokens, seconds, forwards, draft sources, tokens after each turn's first text, seconds after it
+    totals = [[0, 0.0, 0, {}, 0, 0.0] for _ in settings]
     mismatches = 0
     for c, turns in enumerate(conversations(args.workload, args.questions, args.limit)):
         answers = []
@@ -106,14 +124,14 @@ def main():
             messages, mine = [], []
             for t, turn in enumerate(turns):
                 messages.append({"role": "user", "content": turn})
-                reply, seconds = ask(args.url, key, messages, args.max_tokens, setting)
-                text = reply["choices"][0]["message"]["content"]
+                text, u, seconds, decoding = ask(args.url, key, messages, args.max_tokens, setting)
                 messages.append({"role": "assistant", "content": text})
                 mine.append(text)
-                u = reply["usage"]
                 spec = u["speculation"]
                 totals[s][0] += u["completion_tokens"]
                 totals[s][1] += seconds
+                totals[s][4] += u["completion_tokens"] - 1
+                totals[s][5] += decoding
                 totals[s][2] += spec["target_forwards"]
                 for k, v in spec.get("draft_sources", {}).items():
                     totals[s][3][k] = totals[s][3].get(k, 0) + v
@@ -125,10 +143,12 @@ def main():
                 print(f"conv {c}: setting {json.dumps(setting)} answered differently from the first setting")
             answers.append(mine)
     base = totals[0][0] / totals[0][1]
-    for setting, (tokens, seconds, forwards, sources) in zip(settings, totals):
-        rate = tokens / seconds
+    base_decode = totals[0][4] / totals[0][5]
+    for setting, (tokens, seconds, forwards, sources, after, decoding) in zip(settings, totals):
+        rate, decode = tokens / seconds, after / decoding
         print(json.dumps({"setting": setting, "tokens": tokens, "seconds": round(seconds, 2),
                           "tok_per_s": round(rate, 2), "vs_first": round(rate / base, 3),
+                          "decode_tok_per_s": round(decode, 2), "decode_vs_first": round(decode / base_decode, 3),
                           "tokens_per_forward": round(tokens / max(forwards, 1), 2), "draft_sources": sources}))
     if mismatches:
         raise SystemExit(f"{mismatches} conversations differ from the first setting's")
