@@ -30,9 +30,12 @@ pub struct LogitsHead {
     pub final_logit_softcapping: Option<f64>,
     /// The LM head's rows where its GGUF file keeps them, read for [`Self::part`].
     stored: Option<Arc<StoredTable>>,
-    /// Parts of the head gathered for a drafter and kept for its next calls (ids, rows): at most [`KEPT_PARTS`].
-    kept: Arc<Mutex<Vec<(Vec<u32>, Arc<Linear>)>>>,
+    /// Parts of the head gathered for a drafter and kept for its next calls: at most [`KEPT_PARTS`].
+    kept: Arc<Mutex<Vec<KeptPart>>>,
 }
+
+/// A kept head part: its ids and its rows.
+type KeptPart = (Vec<u32>, Arc<Linear>);
 
 /// Kept head parts: a drafter's set, and one more (another draft vocabulary size) before the oldest goes.
 const KEPT_PARTS: usize = 2;
