@@ -68,6 +68,10 @@ pub struct SpeculationArgs {
     /// Universal assisted decoding: target tokens re-encoded for the assistant per round (default 10).
     #[arg(long, value_name = "N")]
     pub target_lookbehind: Option<usize>,
+    /// Assistant model: draft from the LM head over this many of the most frequent tokens, plus the prompt's
+    /// and EOS (default 32768 for vocabularies above 131072 under cost-aware drafting; 0: the whole head).
+    #[arg(long, value_name = "N")]
+    pub draft_vocab_size: Option<usize>,
     /// Cap drafts by their measured cost, falling back to plain steps where drafting does not pay (default
     /// true); false gives Transformers' exact round structure.
     #[arg(long)]
@@ -118,6 +122,7 @@ impl SpeculationArgs {
             assistant_confidence_adaptive: self.assistant_confidence_adaptive,
             assistant_lookbehind: self.assistant_lookbehind,
             target_lookbehind: self.target_lookbehind,
+            draft_vocab_size: self.draft_vocab_size,
             cost_aware_drafting: self.cost_aware_drafting,
             use_mtp: self.use_mtp.then_some(true),
             assistant_early_exit: self.assistant_early_exit,

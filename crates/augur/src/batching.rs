@@ -43,6 +43,10 @@ pub trait BatchModel: Send + Sync + 'static {
     fn kv_sharing<'a>(&'a self, _seq: &'a Self::Sequence) -> Option<Box<dyn KvSharing + 'a>> {
         None
     }
+    /// [`CausalLm::head_part`].
+    fn head_part(&self, _ids: &[u32], _keep: bool) -> Result<Option<Arc<crate::nn::Linear>>> {
+        Ok(None)
+    }
 }
 
 /// One sequence's forward, handed to the batch's leader with the sequence's state.
@@ -260,5 +264,9 @@ impl<M: BatchModel> CausalLm for Batched<M> {
 
     fn kv_sharing(&self) -> Option<Box<dyn KvSharing + '_>> {
         self.shared.model.kv_sharing(self.sequence())
+    }
+
+    fn head_part(&self, ids: &[u32], keep: bool) -> Result<Option<Arc<crate::nn::Linear>>> {
+        self.shared.model.head_part(ids, keep)
     }
 }

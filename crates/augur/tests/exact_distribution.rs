@@ -12,7 +12,7 @@
 //! positions, and drafts were both accepted and rejected. Cost-aware drafting is off: it drafts or not on measured
 //! seconds, and these tests must follow Transformers' rounds.
 //!
-//! The mutation tests at the end swap deliberately broken verifiers (and a broken drafter) into the same tests,
+//! The mutation tests at the end swap deliberately broken verifiers (and broken drafters) into the same tests,
 //! with the same draws, and assert that the test then fails.
 
 mod common;
@@ -27,8 +27,8 @@ use augur::pipeline::{Assistant, LoadedLm};
 use augur::speculation::methods::{
     AssistantModel, EarlyExit, Gemma4AssistantDrafter, MtpDrafter, PromptLookup, SuffixDrafter, UniversalSampling,
 };
-use augur::speculation::speculative;
 use augur::speculation::verify::{self, Block, TreeBlock, TreeVerdict, Verdict, Verifier};
+use augur::speculation::{draft_vocab, speculative};
 use augur::speculation::{Draft, Drafter};
 use augur::Device;
 use common::exact::{self, Distribution, Histogram};
@@ -246,14 +246,81 @@ impl Drafter for RawQ<'_> {
     }
 }
 
-/// One seeded speculative generation of `case`, with `verifier`; with `raw` (a second copy of the assistant),
-/// the drafter reports its raw `q` (mutation 5).
+/// A drafter's broken `q`, computed with a second copy of the assistant.
+#[derive(Clone, Copy, PartialEq)]
+enum Mutant {
+    /// Its raw `q` (mutation 5, [`RawQ`]).
+    RawQ,
+    /// Its whole-vocabulary `q` restricted to its draft vocabulary, not renormalised ([`UnnormalisedQ`]).
+    Unnormalised,
+}
+
+/// The draft vocabulary an assistant drafter builds in its first round for `options`' `draft_vocab_size`:
+/// the frequent ids, then the first round's context (`context`) and EOS outside them.
+fn draft_vocab_of(
+    options: &GenerationOptions,
+    tokenizer: &augur::tokenizer::Tokenizer,
+    vocab: usize,
+    context: &[u32],
+) -> Vec<u32> {
+    let n = options.draft_vocab_size.expect("a reduced draft vocabulary");
+    let eos = GenerationConfig::from_options(options).eos_token_id;
+    let top = draft_vocab::top_ids(tokenizer, vocab, n);
+    let extra = draft_vocab::extra_ids(&top, context.iter().chain(&eos).copied(), vocab);
+    [top, extra].concat()
+}
+
+/// A drafter over a reduced draft vocabulary whose `q` is the assistant's whole-vocabulary (processed)
+/// distribution restricted to the draft vocabulary, not renormalised over it, while its drafts are still drawn
+/// from the renormalised one: mutation 6.
+struct UnnormalisedQ<'a> {
+    inner: Box<dyn Drafter + 'a>,
+    /// A second copy of the assistant, with its whole head.
+    full: &'a mut dyn CausalLm,
+    tokenizer: std::sync::Arc<augur::tokenizer::Tokenizer>,
+    options: GenerationOptions,
+    cfg: GenerationConfig,
+    prompt_len: usize,
+    vocab: usize,
+    /// Whether each id is in the draft vocabulary, from the first round on.
+    inside: Option<Vec<bool>>,
+}
+
+impl Drafter for UnnormalisedQ<'_> {
+    fn method(&self) -> &'static str {
+        "unnormalised_q"
+    }
+    fn propose(&mut self, target: &mut dyn CausalLm, context: &[u32], max: usize) -> augur::Result<Draft> {
+        let d = self.inner.propose(target, context, max)?;
+        let inside = self.inside.get_or_insert_with(|| {
+            let mut inside = vec![false; self.vocab];
+            let ids = draft_vocab_of(&self.options, &self.tokenizer, self.full.config().vocab_size, context);
+            ids.into_iter().for_each(|id| inside[id as usize] = true);
+            inside
+        });
+        let mut d = d;
+        if let Some(q) = d.q.as_mut() {
+            for (i, qi) in q.iter_mut().enumerate() {
+                let ctx = [context, &d.tokens[..i]].concat();
+                let full = exact::next_distribution(self.full, &self.cfg, self.prompt_len, &ctx, None, self.vocab);
+                *qi = full.iter().zip(inside.iter()).map(|(&p, &k)| if k { p } else { 0.0 }).collect();
+            }
+        }
+        Ok(d)
+    }
+    fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> augur::Result<()> {
+        self.inner.observe(context, proposed, accepted)
+    }
+}
+
+/// One seeded speculative generation of `case`, with `verifier`; with a `mutant` (and a second copy of the
+/// assistant), the drafter reports a broken `q`.
 fn run(
     m: &mut Models,
     case: &Case,
     seed: u64,
     verifier: &dyn Verifier,
-    raw: Option<&mut LoadedLm>,
+    mutant: Option<(Mutant, &mut LoadedLm)>,
 ) -> GenerationOutput {
     let opts = GenerationOptions { seed: Some(seed), ..case.options.clone() };
     let cfg = GenerationConfig::from_options(&opts);
@@ -264,7 +331,8 @@ fn run(
     let mut first_layer;
     let mut drafter: Box<dyn Drafter + '_> = match case.method {
         Method::Assistant => {
-            Box::new(AssistantModel::new(lm(&mut m.assistant).model.as_mut(), &cfg, prompt.len(), vocab).unwrap())
+            let a = lm(&mut m.assistant);
+            Box::new(AssistantModel::new(a.model.as_mut(), &cfg, prompt.len(), vocab, &a.tokenizer).unwrap())
         }
         Method::Lookup => Box::new(
             PromptLookup::new(3, cfg.effective_max_matching_ngram_size(), cfg.eos_token_id.clone())
@@ -293,8 +361,21 @@ fn run(
             )
         }
     };
-    if let Some(raw) = raw {
-        drafter = Box::new(RawQ { inner: drafter, raw: raw.model.as_mut(), vocab });
+    match mutant {
+        Some((Mutant::RawQ, raw)) => drafter = Box::new(RawQ { inner: drafter, raw: raw.model.as_mut(), vocab }),
+        Some((Mutant::Unnormalised, full)) => {
+            drafter = Box::new(UnnormalisedQ {
+                inner: drafter,
+                tokenizer: std::sync::Arc::clone(&full.tokenizer),
+                full: full.model.as_mut(),
+                options: case.options.clone(),
+                cfg: cfg.clone(),
+                prompt_len: prompt.len(),
+                vocab,
+                inside: None,
+            })
+        }
+        None => {}
     }
     let max_new = cfg.max_new_tokens.unwrap();
     let mut emitter = Emitter::new(&target.tokenizer, prompt, max_new, cfg.eos_token_id.clone(), vec![], None);
@@ -317,12 +398,12 @@ struct Drafting {
 }
 
 /// `draws` seeded generations of `case` with `verifier`, their histogram and what drafting did.
-fn draw(case: &Case, draws: usize, verifier: &dyn Verifier, raw_q: bool) -> (Histogram, Drafting) {
+fn draw(case: &Case, draws: usize, verifier: &dyn Verifier, mutant: Option<Mutant>) -> (Histogram, Drafting) {
     let mut m = Models::load(case);
-    let mut raw = raw_q.then(|| load(&fixtures().join(case.assistant.unwrap()), false));
+    let mut second = mutant.map(|_| load(&fixtures().join(case.assistant.unwrap()), false));
     let mut d = Drafting::default();
     let h = histogram(draws, |s| {
-        let out = run(&mut m, case, s, verifier, raw.as_mut());
+        let out = run(&mut m, case, s, verifier, mutant.zip(second.as_mut()));
         d.full_rounds += out.stats.rounds.iter().any(|&(g, _)| g >= case.min_round) as usize;
         d.tree_draws += (out.stats.tree_rounds > 0) as usize;
         for &(g, n) in &out.stats.rounds {
@@ -364,13 +445,13 @@ fn exact_distribution(case: &Case) -> Distribution {
 
 /// The test itself, with `verifier` in the loop: the fit of the draws to the exact distribution, and what
 /// drafting did.
-fn test_case(case: &Case, verifier: &dyn Verifier, raw_q: bool) -> (exact::Fit, Drafting, usize) {
+fn test_case(case: &Case, verifier: &dyn Verifier, mutant: Option<Mutant>) -> (exact::Fit, Drafting, usize) {
     let exact = exact_distribution(case);
     let total: f64 = exact.values().sum();
     assert!((total - 1.0).abs() < 1e-4, "{}: the enumeration sums to {total}", case.name);
     assert!(exact.len() > 10, "{}: the test needs a spread distribution, got {} outcomes", case.name, exact.len());
     let draws = exact::draws_for_power(&exact);
-    let (h, drafting) = draw(case, draws, verifier, raw_q);
+    let (h, drafting) = draw(case, draws, verifier, mutant);
     (exact::fit(&h, &exact), drafting, draws)
 }
 
@@ -387,7 +468,7 @@ fn check(case: Case) {
         assert_eq!(got.tokens, want.tokens, "{}: harness and pipeline differ at seed {seed}", case.name);
         assert_eq!(got.stats.method, want.stats.method, "{}", case.name);
     }
-    let (fit, d, draws) = test_case(&case, &verify::Exact, false);
+    let (fit, d, draws) = test_case(&case, &verify::Exact, None);
     println!(
         "{}: {draws} draws, {} degrees of freedom, chi-square {:.1} (critical {:.1}), {d:?}",
         case.name, fit.df, fit.statistic, fit.critical
@@ -447,6 +528,25 @@ fn assistant_tree_with_repetition_penalty() {
 #[test]
 fn assistant_model() {
     check(case("assistant model", Method::Assistant, sampling()));
+}
+
+/// A reduced draft vocabulary of [`DRAFT_VOCAB`] ids (the fixture's tokenizer has no frequency table: its
+/// first ids), plus the prompt's and the first round's context's: `q` is renormalised over it.
+fn reduced_vocab(options: GenerationOptions) -> GenerationOptions {
+    GenerationOptions { draft_vocab_size: Some(DRAFT_VOCAB), ..options }
+}
+
+/// Of the fixture's 448 ids: small enough that the target's likely tokens are often outside it.
+const DRAFT_VOCAB: usize = 96;
+
+#[test]
+fn assistant_with_a_reduced_draft_vocabulary() {
+    check(case("assistant, reduced draft vocabulary", Method::Assistant, reduced_vocab(sampling())));
+}
+
+#[test]
+fn assistant_tree_with_a_reduced_draft_vocabulary() {
+    check(case("assistant tree, reduced draft vocabulary", Method::Assistant, reduced_vocab(tree_sampling())));
 }
 
 #[test]
@@ -549,7 +649,7 @@ fn ensemble(name: &'static str, method: Method, w: f32) {
         return;
     }
     // And it is not the target's: the same draws fail against p.
-    let (h, _) = draw(&weighted(), exact::draws_for_power(&mixture), &verify::Exact, false);
+    let (h, _) = draw(&weighted(), exact::draws_for_power(&mixture), &verify::Exact, None);
     let fit = exact::fit(&h, &lossless);
     assert!(!fit.passes(), "{name}: w = {w} cannot be told from the target: {fit:?}");
 }
@@ -670,7 +770,7 @@ impl Verifier for BrokenTree {
 #[test]
 fn stale_sibling_residuals_are_caught() {
     let c = case("assistant tree", Method::Assistant, tree_sampling());
-    assert_caught(c, &BrokenTree::StaleResidual, false, "stale sibling residual");
+    assert_caught(c, &BrokenTree::StaleResidual, None, "stale sibling residual");
 }
 
 #[test]
@@ -682,11 +782,11 @@ fn stale_residuals_over_one_hot_suffix_siblings_are_caught() {
 #[test]
 fn a_kept_rejected_subtree_is_caught() {
     let c = case("assistant tree", Method::Assistant, tree_sampling());
-    assert_caught(c, &BrokenTree::RejectedSubtreeKept, false, "rejected sibling's subtree kept");
+    assert_caught(c, &BrokenTree::RejectedSubtreeKept, None, "rejected sibling's subtree kept");
 }
 
-fn assert_caught(case: Case, verifier: &dyn Verifier, raw_q: bool, what: &str) {
-    let (fit, d, draws) = test_case(&case, verifier, raw_q);
+fn assert_caught(case: Case, verifier: &dyn Verifier, mutant: Option<Mutant>, what: &str) {
+    let (fit, d, draws) = test_case(&case, verifier, mutant);
     println!(
         "{what} on {}: {draws} draws, chi-square {:.1} (critical {:.1}), {} impossible",
         case.name, fit.statistic, fit.critical, fit.impossible
@@ -697,28 +797,41 @@ fn assert_caught(case: Case, verifier: &dyn Verifier, raw_q: bool, what: &str) {
 
 #[test]
 fn acceptance_with_q_over_p_is_caught() {
-    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::InverseRatio, false, "min(1, q/p)");
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::InverseRatio, None, "min(1, q/p)");
 }
 
 #[test]
 fn residual_p_is_caught() {
-    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::ResidualP, false, "residual p");
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::ResidualP, None, "residual p");
 }
 
 #[test]
 fn bonus_from_q_is_caught() {
-    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::BonusFromQ, false, "bonus from q");
+    assert_caught(case("assistant model", Method::Assistant, sampling()), &Broken::BonusFromQ, None, "bonus from q");
 }
 
 #[test]
 fn processors_without_the_drafted_prefix_are_caught() {
     let c = case("assistant, repetition penalty", Method::Assistant, repetition_penalty(3.0));
-    assert_caught(c, &Broken::ContextBeforeBlock, false, "context before the block");
+    assert_caught(c, &Broken::ContextBeforeBlock, None, "context before the block");
 }
 
 #[test]
 fn q_before_the_drafters_processors_is_caught() {
-    assert_caught(case("assistant model", Method::Assistant, sampling()), &verify::Exact, true, "q before processors");
+    assert_caught(
+        case("assistant model", Method::Assistant, sampling()),
+        &verify::Exact,
+        Some(Mutant::RawQ),
+        "q before processors",
+    );
+}
+
+/// Mutation 6: `q` is the whole vocabulary's distribution restricted to the draft vocabulary instead of the
+/// distribution the draft was drawn from (renormalised over it).
+#[test]
+fn q_not_renormalised_over_the_draft_vocabulary_is_caught() {
+    let c = case("assistant, reduced draft vocabulary", Method::Assistant, reduced_vocab(sampling()));
+    assert_caught(c, &verify::Exact, Some(Mutant::Unnormalised), "q not renormalised over the draft vocabulary");
 }
 
 #[test]

@@ -72,23 +72,36 @@ fn prompt_lookup_is_lossless_on_spec_bench() {
     assert!(accepted > 0 && drafted > 0, "prompt lookup never drafted or never hit ({accepted}/{drafted})");
 }
 
-/// A shortened LM head (`ForwardOptions::head_rows`, an assistant's short head) gives, bit for bit, the first
-/// columns of the whole head's logits, on the quantized path where the product reads only those weight rows
-/// (SmolLM2's tied head; 1000 is not a multiple of the kernels' 16-row groups).
+/// An LM head over a subset of the vocabulary (`ForwardOptions::head`, an assistant's reduced draft
+/// vocabulary) gives, bit for bit, the whole head's logits at those ids, on the quantized path where the rows
+/// are gathered from the file into a smaller matrix of the same kernel (SmolLM2's tied Q4_1 head; 1000 ids in
+/// no order, not a multiple of the kernels' 16-row groups, in two parts as a drafter builds them).
 #[test]
-fn short_head_logits_are_the_full_head_logits() {
-    use augur::models::{ForwardOptions, LogitRows};
+fn head_subset_logits_are_the_full_head_logits() {
+    use augur::models::{ForwardOptions, HeadSubset, LogitRows};
+    use std::sync::Arc;
     let mut lm = load(&real_model(FILE), false);
+    let vocab = lm.config().vocab_size as u32;
     let tokens = [1u32, 504, 3458, 314, 2374, 28];
     let full = lm.model.forward(&tokens, &ForwardOptions::logits(LogitRows::All)).unwrap().logits.unwrap();
     lm.model.truncate(0);
-    let opts = ForwardOptions { head_rows: Some(1000), ..ForwardOptions::logits(LogitRows::All) };
-    let short = lm.model.forward(&tokens, &opts).unwrap().logits.unwrap();
-    assert_eq!(short.dims(), &[tokens.len(), 1000]);
-    let (full, short) = (full.to_vec2::<f32>().unwrap(), short.to_vec2::<f32>().unwrap());
-    for (f, s) in full.iter().zip(&short) {
-        assert_eq!(&f[..1000], &s[..]);
+    let ids: Vec<u32> = (0..1000u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let (top, extra) = ids.split_at(990);
+    let part = |ids: &[u32], keep| lm.model.head_part(ids, keep).unwrap().expect("a GGUF head gathers");
+    let parts = vec![part(top, true), part(extra, false)];
+    assert!(Arc::ptr_eq(&parts[0], &part(top, true)), "the kept part is reused");
+    let opts = ForwardOptions {
+        head: Some(Arc::new(HeadSubset { ids: ids.clone(), parts })),
+        ..ForwardOptions::logits(LogitRows::All)
+    };
+    let subset = lm.model.forward(&tokens, &opts).unwrap().logits.unwrap();
+    assert_eq!(subset.dims(), &[tokens.len(), ids.len()]);
+    let (full, subset) = (full.to_vec2::<f32>().unwrap(), subset.to_vec2::<f32>().unwrap());
+    for (f, s) in full.iter().zip(&subset) {
+        let at_ids: Vec<f32> = ids.iter().map(|&id| f[id as usize]).collect();
+        assert_eq!(at_ids, *s);
     }
+    assert!(lm.model.head_part(&[vocab], false).is_err(), "an id past the head is an error");
 }
 
 /// The quantized path (our kernels, activations quantized to 8 bits per block as llama.cpp does) follows

@@ -16,6 +16,8 @@ ENGINE_OPTIONS = (
     "use_mtp", "assistant_lookbehind", "target_lookbehind",
     # augur's: a sampling seed, the ROC adaptation of the confidence threshold, cost-aware drafting.
     "seed", "assistant_confidence_adaptive", "cost_aware_drafting",
+    # EAGLE-3's name: the assistant's reduced draft vocabulary.
+    "draft_vocab_size",
     # Tree drafts, under vLLM's and SGLang's names.
     "speculative_eagle_topk", "speculative_num_draft_tokens", "speculative_num_steps",
     # Suffix decoding, under Arctic Inference's names (setting one of the first three chooses it).

@@ -75,6 +75,9 @@ pub struct TreeShape {
 
 /// The largest n-gram prompt lookup may be asked to match (beyond it a round only searches longer).
 pub const MAX_MATCHING_NGRAM_SIZE: usize = 32;
+/// The largest `draft_vocab_size`: above every vocabulary augur loads (Gemma's 262,144), where it means the
+/// whole head.
+pub const MAX_DRAFT_VOCAB_SIZE: usize = 1 << 20;
 
 // Each field is declared once; the macro derives the resolved config, the all-optional overrides, JSON parsing and
 // merging from the same list so they cannot drift apart. `plain` fields always have a value (the default when
@@ -232,6 +235,11 @@ generation_fields! {
     /// Suffix decoding: read and feed the process-wide cache of earlier outputs (effective true); false keeps to
     /// the request's own prompt and output.
     suffix_global_cache: opt bool = (), parse_de::<bool>;
+    /// The assistant drafts from a reduced vocabulary (EAGLE-3's `draft_vocab_size`, FR-Spec): its LM head over
+    /// this many of the most frequent tokens, plus the prompt's tokens and EOS. 0, or the vocabulary's size or
+    /// more: the whole head. Unset: [`crate::speculation::draft_vocab::DEFAULT_DRAFT_VOCAB_SIZE`] for large
+    /// vocabularies under cost-aware drafting, else the whole head. Not a Transformers field.
+    draft_vocab_size: opt usize = (), parse_de::<usize>;
 }
 
 fn parse_de<T: DeserializeOwned>(field: &str, v: &Value) -> Result<Option<T>> {
@@ -378,6 +386,9 @@ impl GenerationConfig {
             if v == Some(0) {
                 return err(format!("`{name}` must be at least 1, but is 0."));
             }
+        }
+        if let Some(n) = self.draft_vocab_size.filter(|&n| n > MAX_DRAFT_VOCAB_SIZE) {
+            return err(format!("`draft_vocab_size` must be at most {MAX_DRAFT_VOCAB_SIZE}, but is {n}."));
         }
         // Prompt lookup tries every n-gram size from this one down, over the whole context, every round.
         if let Some(n) = self.max_matching_ngram_size.filter(|&n| n > MAX_MATCHING_NGRAM_SIZE) {

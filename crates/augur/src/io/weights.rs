@@ -458,27 +458,35 @@ impl Weights {
             let hf_prefix = hf.strip_suffix(".weight").unwrap_or(hf).to_string();
             return Ok(Embedding::Rows { table: Arc::new(table), hf_prefix });
         }
-        if let Source::Gguf { content, .. } = &self.source {
-            let name = self.stored_name(hf);
-            let info = self.tensor_info(content, &name, &[vocab, hidden])?;
-            let dtype = info.ggml_dtype;
-            // Float tables are used dense, as are all tables of a dequantized load.
-            if !self.dequantize && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
-                let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-                return Ok(Embedding::Stored(Arc::new(StoredTable {
-                    file: Mutex::new(file),
-                    path: self.path.clone(),
-                    start: content.tensor_data_offset + info.offset,
-                    row_bytes: row_bytes(dtype, hidden),
-                    dtype,
-                    rows: vocab,
-                    hidden,
-                    hf_prefix: hf.strip_suffix(".weight").unwrap_or(hf).to_string(),
-                    name,
-                })));
-            }
+        if let Some(table) = self.stored_table(hf, vocab, hidden)? {
+            return Ok(Embedding::Stored(Arc::new(table)));
         }
         Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?))
+    }
+
+    /// A quantized GGUF tensor `[rows, cols]` (shape checked) left in its file, to be read a row at a time: a
+    /// token embedding, or an LM head's rows for a drafter's reduced head. `None` for float tensors, which are
+    /// used dense, as are all tensors of a dequantized load.
+    pub fn stored_table(&self, hf: &str, rows: usize, cols: usize) -> Result<Option<StoredTable>> {
+        let Source::Gguf { content, .. } = &self.source else { return Ok(None) };
+        let name = self.stored_name(hf);
+        let info = self.tensor_info(content, &name, &[rows, cols])?;
+        let dtype = info.ggml_dtype;
+        if self.dequantize || matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
+            return Ok(None);
+        }
+        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        Ok(Some(StoredTable {
+            file: Mutex::new(file),
+            path: self.path.clone(),
+            start: content.tensor_data_offset + info.offset,
+            row_bytes: row_bytes(dtype, cols),
+            dtype,
+            rows,
+            hidden: cols,
+            hf_prefix: hf.strip_suffix(".weight").unwrap_or(hf).to_string(),
+            name,
+        }))
     }
 
     /// Quantization types of the stored tensors with their counts, for `augur info`.

@@ -175,6 +175,20 @@ impl QuantKernel for DenseMatrix {
         self.dtype.ggml()
     }
 
+    fn gather(&self, ids: &[u32]) -> Result<Option<Arc<dyn QuantKernel>>> {
+        let b = self.dtype.bytes() * self.k;
+        let data = self.data();
+        let mut out = Vec::with_capacity(ids.len() * b);
+        for &id in ids {
+            let at = id as usize * b;
+            let row = data.get(at..at + b).ok_or_else(|| {
+                Error::InvalidOption(format!("token id {id} is outside the {} rows of the LM head", self.n))
+            })?;
+            out.extend_from_slice(row);
+        }
+        Ok(Some(Arc::new(Self::from_vec(out, self.dtype, ids.len(), self.k)?)))
+    }
+
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32> {
         let n = n.min(self.n);
         assert_eq!(x.len(), m * self.k, "activations of {m} rows of {}", self.k);

@@ -4,14 +4,14 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{ForwardOptions, ForwardOutput, LogitRows};
+use super::{ForwardOptions, ForwardOutput, HeadSubset, LogitRows};
 use crate::batching::{BatchModel, Batched, Job};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use crate::nn::{flat, Embedding, KvCache, Linear, RmsNorm, Ropes, Step, TreeMask};
+use crate::nn::{flat, Embedding, KvCache, Linear, RmsNorm, Ropes, Step, StoredTable, TreeMask};
 
 /// One decoder layer of an architecture: weights only, shared by every sequence of the loaded model.
 pub trait Block: Send + Sync + 'static {
@@ -28,18 +28,50 @@ pub struct LogitsHead {
     pub norm: RmsNorm,
     pub lm_head: Linear,
     pub final_logit_softcapping: Option<f64>,
+    /// The LM head's rows where its GGUF file keeps them, read for [`Self::part`].
+    stored: Option<Arc<StoredTable>>,
+    /// Parts of the head gathered for a drafter and kept for its next calls: at most [`KEPT_PARTS`].
+    kept: Arc<Mutex<Vec<KeptPart>>>,
 }
+
+/// A kept head part: its ids and its rows.
+type KeptPart = (Vec<u32>, Arc<Linear>);
+
+/// Kept head parts: a drafter's set, and one more (another draft vocabulary size) before the oldest goes.
+const KEPT_PARTS: usize = 2;
 
 impl LogitsHead {
     /// Loads `norm_name` and `lm_head` (or the embedding table, when tied).
     pub fn load(cfg: &ModelConfig, w: &Weights, embed: &Embedding, norm_name: &str, plus_one: bool) -> Result<Self> {
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.as_linear(w)?
+        let (lm_head, stored) = if cfg.tie_word_embeddings {
+            let stored = match embed {
+                Embedding::Stored(table) => Some(Arc::clone(table)),
+                _ => None,
+            };
+            (embed.as_linear(w)?, stored)
         } else {
-            w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?
+            let head = w.linear("lm_head", cfg.vocab_size, cfg.hidden_size, false)?;
+            (head, w.stored_table("lm_head.weight", cfg.vocab_size, cfg.hidden_size)?.map(Arc::new))
         };
         let norm = RmsNorm::load(w, norm_name, cfg.hidden_size, cfg.rms_norm_eps, plus_one)?;
-        Ok(Self { norm, lm_head, final_logit_softcapping: cfg.final_logit_softcapping })
+        let final_logit_softcapping = cfg.final_logit_softcapping;
+        Ok(Self { norm, lm_head, final_logit_softcapping, stored, kept: Arc::default() })
+    }
+
+    /// The head's rows `ids` as a layer of their own ([`crate::models::CausalLm::head_part`]).
+    pub fn part(&self, ids: &[u32], keep: bool) -> Result<Option<Arc<Linear>>> {
+        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, part)) = kept.iter().find(|(k, _)| k.as_slice() == ids) {
+            return Ok(Some(Arc::clone(part)));
+        }
+        let Some(part) = self.lm_head.gather(ids, self.stored.as_deref())?.map(Arc::new) else { return Ok(None) };
+        if keep {
+            if kept.len() == KEPT_PARTS {
+                kept.remove(0);
+            }
+            kept.push((ids.to_vec(), Arc::clone(&part)));
+        }
+        Ok(Some(part))
     }
 
     /// The rows of `x` (`[t, hidden]`) that `rows` asks logits for.
@@ -55,9 +87,17 @@ impl LogitsHead {
         })
     }
 
-    /// `[rows, hidden]` (before the final norm) → `[rows, min(head_rows, vocab)]` f32 logits.
-    pub fn logits(&self, rows: &Tensor, head_rows: usize) -> Result<Tensor> {
-        let mut l = self.lm_head.forward_first(&self.norm.forward(rows)?, head_rows)?;
+    /// `[rows, hidden]` (before the final norm) → `[rows, vocab]` f32 logits, or `[rows, subset.ids.len()]`
+    /// over a subset of the vocabulary.
+    pub fn logits(&self, rows: &Tensor, subset: Option<&HeadSubset>) -> Result<Tensor> {
+        let x = self.norm.forward(rows)?;
+        let mut l = match subset {
+            None => self.lm_head.forward(&x)?,
+            Some(s) => {
+                let parts = s.parts.iter().map(|p| p.forward(&x)).collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&parts, candle_core::D::Minus1)?
+            }
+        };
         if let Some(cap) = self.final_logit_softcapping {
             l = ((l / cap)?.tanh()? * cap)?;
         }
@@ -67,8 +107,7 @@ impl LogitsHead {
     /// One sequence's outputs from its last hidden states `x` (`[t, hidden]`).
     pub fn outputs(&self, x: &Tensor, opts: &ForwardOptions) -> Result<ForwardOutput> {
         let hidden = if opts.hidden_states { Some(self.norm.forward(x)?) } else { None };
-        let head_rows = opts.head_rows.unwrap_or(usize::MAX);
-        let logits = Self::pick(x, &opts.logits)?.map(|r| self.logits(&r, head_rows)).transpose()?;
+        let logits = Self::pick(x, &opts.logits)?.map(|r| self.logits(&r, opts.head.as_deref())).transpose()?;
         Ok(ForwardOutput { logits, hidden })
     }
 }
@@ -179,7 +218,7 @@ impl<B: Block> Decoder<B> {
         }
         let x = x.squeeze(0)?; // [rows, hidden]
         let mut outputs = Vec::with_capacity(jobs.len());
-        let mut logit_rows = Vec::new();
+        let mut picked_rows = Vec::with_capacity(jobs.len());
         let mut offset = 0;
         for (job, step) in jobs.iter_mut().zip(&steps) {
             let xs = x.narrow(0, offset, step.len)?;
@@ -188,17 +227,34 @@ impl<B: Block> Decoder<B> {
             let picked = LogitsHead::pick(&xs, &job.opts.logits)?;
             let hidden = if job.opts.hidden_states { Some(self.head.norm.forward(&xs)?) } else { None };
             outputs.push((picked.as_ref().map(|p| p.dim(0)).transpose()?, hidden));
-            logit_rows.extend(picked);
+            picked_rows.push(picked);
         }
-        // One LM-head product over the logit rows of every sequence, over the first rows of the head when
-        // every sequence asks for no more.
-        let head_rows = jobs.iter().map(|j| j.opts.head_rows).try_fold(0, |n, h| h.map(|h| n.max(h)));
+        // One LM-head product over the logit rows of every sequence when all ask for the same head (the whole
+        // one, or one drafter's subset); else one product per sequence.
+        let first = jobs.first().and_then(|j| j.opts.head.clone());
+        let same = |h: &Option<Arc<HeadSubset>>| match (h, &first) {
+            (None, None) => true,
+            (Some(h), Some(f)) => Arc::ptr_eq(h, f),
+            _ => false,
+        };
+        if !jobs.iter().all(|j| same(&j.opts.head)) {
+            return outputs
+                .into_iter()
+                .zip(picked_rows)
+                .zip(jobs.iter())
+                .map(|(((_, hidden), rows), job)| {
+                    let logits = rows.map(|r| self.head.logits(&r, job.opts.head.as_deref())).transpose()?;
+                    Ok(ForwardOutput { logits, hidden })
+                })
+                .collect();
+        }
+        let mut logit_rows: Vec<Tensor> = picked_rows.into_iter().flatten().collect();
         let logits = match logit_rows.len() {
             0 => None,
             1 => logit_rows.pop(),
             _ => Some(Tensor::cat(&logit_rows, 0)?),
         }
-        .map(|r| self.head.logits(&r, head_rows.unwrap_or(usize::MAX)))
+        .map(|r| self.head.logits(&r, first.as_deref()))
         .transpose()?;
         let mut offset = 0;
         outputs
@@ -364,5 +420,9 @@ impl<B: Block> BatchModel for Decoder<B> {
 
     fn forward_batch(&self, jobs: &mut [Job<DecoderSequence>]) -> Result<Vec<ForwardOutput>> {
         crate::kernels::parallel::on_pool(|| self.forward_rows(jobs))
+    }
+
+    fn head_part(&self, ids: &[u32], keep: bool) -> Result<Option<Arc<Linear>>> {
+        self.head.part(ids, keep)
     }
 }

@@ -546,6 +546,10 @@ impl BatchModel for Gemma4 {
     fn kv_sharing<'a>(&'a self, seq: &'a Gemma4Sequence) -> Option<Box<dyn KvSharing + 'a>> {
         Some(Box::new(SharedView { model: self, seq }))
     }
+
+    fn head_part(&self, ids: &[u32], keep: bool) -> Result<Option<std::sync::Arc<crate::nn::Linear>>> {
+        self.head.part(ids, keep)
+    }
 }
 
 /// A sequence's store-layer caches, for the Gemma 4 assistant.

@@ -46,9 +46,9 @@ pub struct ForwardOptions {
     /// next full forward reuses these positions where its tokens match them and discards the rest, and
     /// `truncate` cuts them back like any cached position.
     pub exit_layer: Option<usize>,
-    /// Logits for token ids `0..n` only (`[rows, n]`), each as the full head computes it: the LM head reads
-    /// only those rows of its weight (a drafter's shortened head, see the assistant drafter).
-    pub head_rows: Option<usize>,
+    /// Logits for these token ids only (`[rows, ids.len()]`, in [`HeadSubset::ids`]' order), each as the full
+    /// head computes it: a drafter's reduced vocabulary (see the assistant drafter).
+    pub head: Option<std::sync::Arc<HeadSubset>>,
     /// The block's rows as a tree (one entry per token): tree verification. Each row attends to the cache and
     /// its ancestors and sits at its depth; [`CausalLm::keep_path`] then keeps one path. `None`: causal.
     pub tree: Option<std::sync::Arc<TreeMask>>,
@@ -56,7 +56,20 @@ pub struct ForwardOptions {
 
 impl ForwardOptions {
     pub fn logits(rows: LogitRows) -> Self {
-        Self { logits: rows, hidden_states: false, exit_layer: None, head_rows: None, tree: None }
+        Self { logits: rows, hidden_states: false, exit_layer: None, head: None, tree: None }
+    }
+}
+
+/// An LM head over a subset of the vocabulary: the head's rows `ids` gathered into `parts` (each a
+/// [`CausalLm::head_part`]), whose outputs, one after the other, are the logits of `ids`.
+pub struct HeadSubset {
+    pub ids: Vec<u32>,
+    pub parts: Vec<std::sync::Arc<crate::nn::Linear>>,
+}
+
+impl std::fmt::Debug for HeadSubset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HeadSubset({} ids in {} parts)", self.ids.len(), self.parts.len())
     }
 }
 
@@ -103,6 +116,12 @@ pub trait CausalLm: Send {
     /// The KV that the model shares with a drafter that reads it (Gemma 4's assistant), if it shares any.
     fn kv_sharing(&self) -> Option<Box<dyn KvSharing + '_>> {
         None
+    }
+    /// The LM head's rows `ids` as a layer of their own, for a [`HeadSubset`]; `keep`: kept on the model for the
+    /// next call with the same ids (a drafter's fixed set, not a request's own). `None` where the head's weight
+    /// cannot be gathered (then drafters use the whole head).
+    fn head_part(&self, _ids: &[u32], _keep: bool) -> Result<Option<std::sync::Arc<crate::nn::Linear>>> {
+        Ok(None)
     }
 }
 

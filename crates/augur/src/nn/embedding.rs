@@ -75,6 +75,32 @@ impl Embedding {
 }
 
 impl StoredTable {
+    /// The stored bytes of rows `ids`, one after the other (`ids.len() · row_bytes`); runs of consecutive ids
+    /// are read at once.
+    pub(crate) fn read_rows(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; ids.len() * self.row_bytes];
+        let mut i = 0;
+        while i < ids.len() {
+            let first = ids[i];
+            if first as usize >= self.rows {
+                return Err(super::linear::outside(first, self.rows));
+            }
+            let run = 1 + ids[i + 1..]
+                .iter()
+                .zip(first + 1..)
+                .take_while(|(&id, next)| id == *next && (id as usize) < self.rows)
+                .count();
+            read_at(
+                &self.file,
+                self.start + first as u64 * self.row_bytes as u64,
+                &mut out[i * self.row_bytes..(i + run) * self.row_bytes],
+            )
+            .map_err(|e| Error::io(&self.path, e))?;
+            i += run;
+        }
+        Ok(out)
+    }
+
     /// `[ids.len(), hidden]` f32 on `device`.
     fn rows(&self, ids: &[u32], device: &Device) -> Result<Tensor> {
         let mut out = Vec::with_capacity(ids.len() * self.hidden);

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Tensor};
 
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
+
+use super::StoredTable;
 use crate::error::Result;
 use crate::kernels::dense::DenseMatrix;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::quant::kquants::SuperBlockMatrix;
-use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated, QuantKernel, RowReader};
+use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated, rows_of, QuantKernel, RowReader};
 
 /// A linear layer `y = x Wᵀ + b`; `W` is `[out, in]`, quantized or dense (f32, f16, bf16).
 #[derive(Clone)]
@@ -123,17 +126,11 @@ impl Linear {
     /// alone (greedy speculation is lossless bit for bit): where candle's kernels would switch with the row
     /// count, the rows go in runs that keep one kernel ([`Self::row_grouping`]), short runs padded with zeros.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_first(x, usize::MAX)
-    }
-
-    /// The first `n` outputs of [`Self::forward`] (`[.., min(n, out)]`), each the same as in the full product:
-    /// our kernels read only those weight rows (a drafter's shortened LM head).
-    pub fn forward_first(&self, x: &Tensor, n: usize) -> Result<Tensor> {
         let in_dim = x.dim(candle_core::D::Minus1)?;
         let rows = x.elem_count() / in_dim;
         let y = match &self.weight {
             LinearWeight::Own(b) => {
-                let y = b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, n.min(b.out_features()));
+                let y = b.matmul_first(&x.flatten_all()?.to_vec1::<f32>()?, rows, b.out_features());
                 shaped_like(x, y, rows)?
             }
             LinearWeight::Candle(w) => {
@@ -156,15 +153,62 @@ impl Linear {
                 }
             }
         };
-        let out = y.dim(candle_core::D::Minus1)?;
-        let y = if n < out { y.narrow(candle_core::D::Minus1, 0, n)? } else { y };
         self.add_bias(y)
     }
 
-    /// `y` (`[.., n]`, the first `n` outputs) plus the first `n` values of the bias, if any.
+    /// The layer of this one's output rows `ids` (weight `[ids.len(), in]`), each output as [`Self::forward`]
+    /// computes it where the gathered rows keep their kernel: a drafter's LM head over part of the vocabulary.
+    /// `stored`: the weight's rows as its GGUF file stores them, read from there when given (our quantized
+    /// kernels regroup the rows at load and cannot hand one back). `None` where neither gives the rows.
+    pub(crate) fn gather(&self, ids: &[u32], stored: Option<&StoredTable>) -> Result<Option<Self>> {
+        let index = |device: &candle_core::Device| Tensor::from_slice(ids, ids.len(), device);
+        let bias = match &self.bias {
+            Some(b) => Some(b.index_select(&index(b.device())?, 0)?),
+            None => None,
+        };
+        let n = ids.len();
+        if let Some(table) = stored {
+            let bytes = table.read_rows(ids)?;
+            if let Some(l) =
+                Self::from_stored(table.dtype, n, table.hidden, &mut rows_of(&bytes, table.row_bytes), bias.clone())?
+            {
+                return Ok(Some(l));
+            }
+            let q = qtensor_from_ggml(table.dtype, &bytes, vec![n, table.hidden], &candle_core::Device::Cpu)?;
+            return Ok(Some(Self { weight: LinearWeight::Candle(QMatMul::from_qtensor(q)?), bias }));
+        }
+        let weight = match &self.weight {
+            LinearWeight::Own(b) => match b.gather(ids)? {
+                Some(g) => LinearWeight::Own(g),
+                None => return Ok(None),
+            },
+            LinearWeight::Candle(QMatMul::Tensor(w)) => {
+                LinearWeight::Candle(QMatMul::Tensor(w.index_select(&index(w.device())?, 0)?))
+            }
+            LinearWeight::Candle(QMatMul::TensorF16(w)) => {
+                LinearWeight::Candle(QMatMul::TensorF16(w.index_select(&index(w.device())?, 0)?))
+            }
+            LinearWeight::Candle(QMatMul::QTensor(q)) => {
+                let (rows, k) = q.shape().dims2()?;
+                let data = q.data()?;
+                let row_bytes = data.len() / rows.max(1);
+                let mut bytes = Vec::with_capacity(n * row_bytes);
+                for &id in ids {
+                    let at = id as usize * row_bytes;
+                    let row = data.get(at..at + row_bytes).ok_or_else(|| outside(id, rows))?;
+                    bytes.extend_from_slice(row);
+                }
+                let q = qtensor_from_ggml(q.dtype(), &bytes, vec![n, k], &q.device())?;
+                LinearWeight::Candle(QMatMul::from_qtensor(q)?)
+            }
+        };
+        Ok(Some(Self { weight, bias }))
+    }
+
+    /// `y` (`[.., out]`) plus the bias, if any.
     fn add_bias(&self, y: Tensor) -> Result<Tensor> {
         Ok(match &self.bias {
-            Some(b) => y.broadcast_add(&b.narrow(0, 0, y.dim(candle_core::D::Minus1)?)?)?,
+            Some(b) => y.broadcast_add(b)?,
             None => y,
         })
     }
@@ -209,6 +253,11 @@ impl Linear {
         };
         Ok(Some(shaped_like(x, y, rows)?))
     }
+}
+
+/// The error for a gathered row past a weight's `rows`.
+pub(crate) fn outside(id: u32, rows: usize) -> crate::error::Error {
+    crate::error::Error::InvalidOption(format!("token id {id} is outside the {rows} rows of the LM head"))
 }
 
 /// `y` (`rows` rows of values) as a tensor of `x`'s shape but for its last dimension.

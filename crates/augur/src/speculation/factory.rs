@@ -97,6 +97,7 @@ pub fn assistant_config(
             .assistant_confidence_adaptive,
         assistant_lookbehind: pick(|o| o.assistant_lookbehind.is_some()).assistant_lookbehind,
         target_lookbehind: pick(|o| o.target_lookbehind.is_some()).target_lookbehind,
+        draft_vocab_size: pick(|o| o.draft_vocab_size.is_some()).draft_vocab_size,
         ..GenerationOptions::default()
     })
 }

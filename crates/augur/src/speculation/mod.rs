@@ -6,6 +6,7 @@
 pub mod backoff;
 pub mod cost_model;
 pub mod draft_length;
+pub mod draft_vocab;
 pub mod drafter;
 pub mod factory;
 pub mod method;

@@ -11,7 +11,7 @@ use super::factory::DraftParts;
 use super::method::{Available, SpeculationMethod};
 pub use super::methods::REGISTRY;
 use crate::error::Result;
-use crate::generation::config::{GenerationConfig, GenerationOptions, MAX_MATCHING_NGRAM_SIZE};
+use crate::generation::config::{GenerationConfig, GenerationOptions, MAX_DRAFT_VOCAB_SIZE, MAX_MATCHING_NGRAM_SIZE};
 use crate::models::ModelConfig;
 
 /// The registry's names, comma-separated, as errors and `bench --methods` list them.
@@ -186,6 +186,12 @@ pub const TARGET_LOOKBEHIND: Knob = knob!(
     "10",
     "universal assisted decoding: target tokens re-encoded per round",
     max Some(MAX_LOOKBEHIND)
+);
+pub const DRAFT_VOCAB_SIZE: Knob = knob!(
+    draft_vocab_size,
+    "32768 above 131072 tokens under cost-aware drafting, else the whole head",
+    "the assistant drafts from its LM head over this many of the most frequent tokens, the prompt's and EOS (0: all)",
+    max Some(MAX_DRAFT_VOCAB_SIZE)
 );
 
 pub const SUFFIX_MAX_DEPTH: Knob = knob!(

@@ -12,6 +12,8 @@ pub mod blocks32;
 #[cfg(target_arch = "x86_64")]
 pub mod kquants;
 
+use std::sync::Arc;
+
 use crate::error::Result;
 use crate::kernels::amx::{self, Tiles};
 use crate::kernels::parallel::{for_each_chunk, SharedOut};
@@ -35,6 +37,11 @@ pub trait QuantKernel: Send + Sync {
     /// The first `n` outputs of the product with `x` (`[m, k]` row-major) → `[m, min(n, out)]`, reading only
     /// those weight rows; each is the same as in the full product.
     fn matmul_first(&self, x: &[f32], m: usize, n: usize) -> Vec<f32>;
+    /// The weight's rows `ids` as a kernel of the same kind (a drafter's reduced LM head), where this kernel
+    /// keeps its rows as stored; `None` where it regrouped them.
+    fn gather(&self, _ids: &[u32]) -> Result<Option<Arc<dyn QuantKernel>>> {
+        Ok(None)
+    }
     /// This kernel's side of the products that share activations ([`matmul_shared`], [`matmul_silu_gated`]),
     /// where it has one.
     fn shared(&self) -> Option<&dyn SharedKernel> {

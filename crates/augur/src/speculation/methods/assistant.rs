@@ -1,12 +1,18 @@
 //! A smaller model with the same tokenizer drafts autoregressively (Transformers' `AssistedCandidateGenerator`),
 //! keeping its own KV cache across rounds and cutting it back to what the target accepted.
 //!
-//! With cost-aware drafting (the default), an assistant whose vocabulary is larger than [`SHORT_HEAD_ABOVE`]
-//! drafts from the first [`SHORT_HEAD_ROWS`] token ids only: its LM head reads only those rows. BPE
-//! vocabularies number their tokens in merge order, so the first ids are the frequent ones, and a large head is
-//! a large share of a small assistant's weight bytes, read in full by every draft. Drafts outside it are never proposed (their q is 0), which costs some acceptance and never
-//! correctness: the target verifies every draft, greedy and sampled alike. Transformers' rounds
-//! (`cost_aware_drafting = false`) use the whole head.
+//! A reduced draft vocabulary (FR-Spec; `draft_vocab_size`, see [`crate::speculation::draft_vocab`]): the
+//! assistant's LM head runs over the most frequent token ids, the prompt's and the EOS ids only, its rows
+//! gathered once per assistant (the frequent part, kept on the loaded model) and once per request (the prompt's
+//! others). A large head is a large share of a small assistant's weight bytes, read in full by every draft.
+//! The draft distribution `q` is the softmax over the subset, renormalised (0 outside it): drafts are drawn
+//! from it and verified against it, so speculative sampling stays exact and greedy stays the target's argmax;
+//! a token outside the subset is never drafted, which costs acceptance, never correctness. Unset, the size is
+//! [`draft_vocab::DEFAULT_DRAFT_VOCAB_SIZE`] for vocabularies above [`draft_vocab::LARGE_VOCAB_ABOVE`] under
+//! cost-aware drafting; Transformers' rounds (`cost_aware_drafting = false`) keep the whole head unless the
+//! call sets it.
+
+use std::sync::Arc;
 
 use super::autoregressive::Autoregressive;
 use super::gemma4_assistant::Gemma4AssistantDrafter;
@@ -16,7 +22,8 @@ use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::decode::ASSISTANT;
 use crate::models::{Architecture, ModelConfig};
-use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, HeadSubset, LogitRows};
+use crate::speculation::draft_vocab;
 use crate::speculation::drafter::{one_step_seconds, Draft, Drafter};
 use crate::speculation::factory::{missing, AssistantRef, DraftParts};
 use crate::speculation::method::{Available, LoadedModel, SpeculationMethod};
@@ -28,7 +35,7 @@ use crate::tokenizer::Tokenizer;
 pub(crate) const METHOD: Method = Method {
     name: "assistant_model",
     knobs: &[
-        &[&registry::ASSISTANT_LOOKBEHIND, &registry::TARGET_LOOKBEHIND],
+        &[&registry::ASSISTANT_LOOKBEHIND, &registry::TARGET_LOOKBEHIND, &registry::DRAFT_VOCAB_SIZE],
         &registry::MODEL_DRAFTER,
         &registry::TREE,
     ],
@@ -100,7 +107,7 @@ fn build<'a>(
     };
     let vocab = target.vocab_size;
     Ok(match method {
-        SpeculationMethod::Assistant => Box::new(AssistantModel::new(model, acfg, prompt_len, vocab)?),
+        SpeculationMethod::Assistant => Box::new(AssistantModel::new(model, acfg, prompt_len, vocab, a.tokenizer)?),
         SpeculationMethod::UniversalSampling => {
             Box::new(UniversalSampling::new(model, parts.target_tokenizer, a.tokenizer, acfg, prompt_len, vocab)?)
         }
@@ -119,28 +126,32 @@ pub struct AssistantModel<'m> {
     drafting: Autoregressive,
     /// Target vocabulary size (rows of its logits); the draft distributions are laid out over it.
     target_vocab: usize,
-    /// Token ids the short head covers (see the module doc), or `None` for the whole head.
-    head_rows: Option<usize>,
+    /// The draft vocabulary's frequent ids (ascending), before the first round adds the prompt's; `None`: the
+    /// whole head.
+    top: Option<Vec<u32>>,
+    /// The head over the draft vocabulary, built in the first round (when the prompt is known).
+    head: Option<Arc<HeadSubset>>,
+    eos: Vec<u32>,
 }
-
-/// Vocabularies above this size get a short head under cost-aware drafting (Qwen2.5's 151,936, Gemma's
-/// 262,144; not Llama 3's 128,256, where it would save less).
-pub const SHORT_HEAD_ABOVE: usize = 131_072;
-/// Token ids a short head covers. On Spec-Bench coding with the Qwen2.5-Coder pair, 32,768 cut acceptance from
-/// about 0.91 to 0.85; 65,536 kept it and cut a draft's cost by a sixth.
-pub const SHORT_HEAD_ROWS: usize = 65_536;
 
 impl<'m> AssistantModel<'m> {
     /// `cfg` is the call's resolved configuration (sampling options, seed, assistant knobs); `prompt_len` is for
-    /// the minimum-length processor.
+    /// the minimum-length processor; `tokenizer` (the assistant's) picks the draft vocabulary's ranking.
     pub fn new(
         model: &'m mut dyn CausalLm,
         cfg: &GenerationConfig,
         prompt_len: usize,
         target_vocab: usize,
+        tokenizer: &Tokenizer,
     ) -> Result<Self> {
         model.truncate(0);
-        let head_rows = (cfg.cost_aware() && model.config().vocab_size > SHORT_HEAD_ABOVE).then_some(SHORT_HEAD_ROWS);
+        let vocab = model.config().vocab_size;
+        let size = match cfg.draft_vocab_size {
+            Some(n) => n,
+            None if cfg.cost_aware() && vocab > draft_vocab::LARGE_VOCAB_ABOVE => draft_vocab::DEFAULT_DRAFT_VOCAB_SIZE,
+            None => 0,
+        };
+        let top = (size > 0 && size < vocab).then(|| draft_vocab::top_ids(tokenizer, vocab, size));
         let drafting = Autoregressive::new(cfg, prompt_len, true, ASSISTANT)?;
         if drafting.tree.is_some() && !model.supports_tree() {
             return Err(Error::InvalidOption(format!(
@@ -148,11 +159,36 @@ impl<'m> AssistantModel<'m> {
                 model.config().architecture.name()
             )));
         }
-        Ok(Self { model, drafting, target_vocab, head_rows })
+        Ok(Self { model, drafting, target_vocab, top, head: None, eos: cfg.eos_token_id.clone() })
     }
 
     pub fn num_assistant_tokens(&self) -> usize {
         self.drafting.length.num_assistant_tokens
+    }
+
+    /// The token ids the assistant drafts from (ascending but for the request's own, after the frequent ones),
+    /// once its first round has run; `None` for the whole head.
+    pub fn draft_vocab(&self) -> Option<&[u32]> {
+        self.head.as_ref().map(|h| h.ids.as_slice())
+    }
+
+    /// The head over the draft vocabulary: its frequent part kept on the model, `context`'s tokens and EOS
+    /// outside it gathered for this request. `None` (the whole head) where the model cannot gather its head.
+    fn build_head(&mut self, context: &[u32]) -> Result<Option<Arc<HeadSubset>>> {
+        let Some(top) = self.top.take() else { return Ok(None) };
+        let Some(part) = self.model.head_part(&top, true)? else { return Ok(None) };
+        let vocab = self.model.config().vocab_size;
+        let extra = draft_vocab::extra_ids(&top, context.iter().chain(&self.eos).copied(), vocab);
+        let mut parts = vec![part];
+        let mut ids = top;
+        if !extra.is_empty() {
+            match self.model.head_part(&extra, false)? {
+                Some(p) => parts.push(p),
+                None => return Ok(None),
+            }
+            ids.extend(extra);
+        }
+        Ok(Some(Arc::new(HeadSubset { ids, parts })))
     }
 }
 impl Drafter for AssistantModel<'_> {
@@ -161,8 +197,11 @@ impl Drafter for AssistantModel<'_> {
     }
 
     fn propose(&mut self, _: &mut dyn CausalLm, context: &[u32], max: usize) -> Result<Draft> {
+        if self.top.is_some() {
+            self.head = self.build_head(context)?;
+        }
         let feed = context[self.model.cache_len()..].to_vec();
-        let opts = ForwardOptions { head_rows: self.head_rows, ..ForwardOptions::logits(LogitRows::Last(1)) };
+        let opts = ForwardOptions { head: self.head.clone(), ..ForwardOptions::logits(LogitRows::Last(1)) };
         if self.drafting.tree.is_some() {
             self.drafting.draft_tree(self.model, &opts, context, feed, max, self.target_vocab)
         } else {

@@ -40,6 +40,7 @@ pub(crate) const METHOD: Method = Method {
             &registry::NUM_ASSISTANT_TOKENS_SCHEDULE,
             &registry::ASSISTANT_CONFIDENCE_THRESHOLD,
             &registry::ASSISTANT_CONFIDENCE_ADAPTIVE,
+            &registry::DRAFT_VOCAB_SIZE,
         ],
     ],
     chosen: |_, _| false,

@@ -9,7 +9,7 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::decode::logits_rows;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
-use crate::models::{CausalLm, ForwardOptions, LogitRows};
+use crate::models::{CausalLm, ForwardOptions, HeadSubset, LogitRows};
 use crate::nn::TreeMask;
 use crate::speculation::draft_length::DraftLength;
 use crate::speculation::drafter::{Draft, TreeShape};
@@ -82,8 +82,8 @@ impl Autoregressive {
         let mut confidences = Vec::with_capacity(max);
         for _ in 0..max {
             let out = model.forward(&feed, opts)?;
-            let mut logits = logits_rows(&out, self.name, ctx.len() - 1)?.pop().unwrap_or_default();
-            logits.resize(vocab, f32::NEG_INFINITY);
+            let logits = logits_rows(&out, self.name, ctx.len() - 1)?.pop().unwrap_or_default();
+            let mut logits = spread(logits, opts.head.as_deref(), vocab);
             if !self.processor.is_noop(ctx.len()) {
                 self.processor.process(&ctx, &mut logits);
             }
@@ -141,6 +141,7 @@ impl Autoregressive {
         let out = model.forward(&feed, opts)?;
         let logits = logits_rows(&out, self.name, context.len() - 1)?.pop().unwrap_or_default();
         // The frontier: (node, its path's probability, the distribution of its children).
+        let logits = spread(logits, opts.head.as_deref(), vocab);
         let mut frontier = vec![(0usize, 1.0f32, self.distribution(context, logits, vocab))];
         let mut parents: Vec<usize> = Vec::new();
         let mut scores: Vec<f32> = Vec::new();
@@ -185,7 +186,8 @@ impl Autoregressive {
                 .map(|i| {
                     let mut ctx = context.to_vec();
                     ctx.extend(crate::speculation::verify::path_to(&parents, i + 1).iter().map(|&j| tree.tokens[j]));
-                    (i + 1, scores[i], self.distribution(&ctx, rows[i - new.start].clone(), vocab))
+                    let logits = spread(rows[i - new.start].clone(), opts.head.as_deref(), vocab);
+                    (i + 1, scores[i], self.distribution(&ctx, logits, vocab))
                 })
                 .collect();
         }
@@ -213,6 +215,24 @@ impl Autoregressive {
         }
         softmax(&logits)
     }
+}
+
+/// A model's logits laid out over `vocab` rows (the target's): those of a head over a subset at their ids,
+/// -∞ elsewhere, so that the softmax (the `q` the drafts are drawn from and verified against) is the subset's,
+/// renormalised; rows past the model's vocabulary are padding, -∞ too.
+fn spread(logits: Vec<f32>, head: Option<&HeadSubset>, vocab: usize) -> Vec<f32> {
+    let Some(head) = head else {
+        let mut logits = logits;
+        logits.resize(vocab, f32::NEG_INFINITY);
+        return logits;
+    };
+    let mut out = vec![f32::NEG_INFINITY; vocab];
+    for (&id, v) in head.ids.iter().zip(logits) {
+        if let Some(o) = out.get_mut(id as usize) {
+            *o = v;
+        }
+    }
+    out
 }
 
 /// The `k` most probable tokens of `q`, most probable first (ties: the lower id).
