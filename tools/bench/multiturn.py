@@ -105,7 +105,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--workload", choices=["mt-bench", "edit"], default="edit")
-    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--questions", default="data/spec_bench/question.jsonl", help="Spec-Bench questions (mt-bench)")
     ap.add_argument("--limit", type=int, default=4, help="mt-bench conversations")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--keys", required=True, help="comma-separated API keys, one per setting")
