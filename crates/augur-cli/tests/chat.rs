@@ -48,7 +48,8 @@ fn turns_keep_the_history_and_the_commands_work() {
     for (i, t) in turns.iter().enumerate() {
         assert!(t.starts_with(&format!("[turn {} · ", i + 1)), "{t}");
         assert!(
-            t.contains("tok/s") && t.contains("tokens per target forward") && t.contains("plain · no drafts"),
+            // Chat speculates by default (`auto`).
+            t.contains("tok/s") && t.contains("tokens per target forward") && t.contains(" · auto · "),
             "{t}"
         );
     }
