@@ -348,8 +348,15 @@ impl Pipeline {
             return named;
         }
         let cfg = self.resolve_config(options);
+        let available = self.available();
+        let chosen = crate::speculation::registry::REGISTRY.iter().any(|m| (m.chosen)(&cfg, &available));
+        (!chosen).then_some(MethodName::Auto)
+    }
+
+    /// What the pipeline has loaded, as method resolution reads it.
+    fn available(&self) -> Available<'_> {
         let target = &self.target;
-        let available = Available {
+        Available {
             target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
             mtp: target.mtp.is_some(),
             assistant: self.assistant.as_ref().map(|a| LoadedModel {
@@ -357,9 +364,7 @@ impl Pipeline {
                 config: a.config(),
                 tokenizer: a.tokenizer(),
             }),
-        };
-        let chosen = crate::speculation::registry::REGISTRY.iter().any(|m| (m.chosen)(&cfg, &available));
-        (!chosen).then_some(MethodName::Auto)
+        }
     }
 
     /// Generates from `prompt`; the new text goes to `sink` as it is accepted and is returned in `text`.
@@ -483,6 +488,7 @@ impl Pipeline {
         let mut stats = GenerationStats { prompt_tokens: ids.len(), ..Default::default() };
         let (target_path, assistant_path) =
             (self.target.path.clone(), self.assistant.as_ref().map(|a| a.path().to_path_buf()));
+        let choice = method::choose(&cfg, call.method, &self.available())?;
         let target = &mut self.target;
         target.model.truncate(0);
         let mut emitter =
@@ -492,16 +498,6 @@ impl Pipeline {
                 .with_logprobs(call.logprobs)
                 .excluding_stop_strings(!call.include_stop_str_in_output.unwrap_or(true))
                 .stop_strings_on_generated_only(!call.stop_strings_match_prompt.unwrap_or(true));
-        let available = Available {
-            target: LoadedModel { path: &target.path, config: target.model.config(), tokenizer: &target.tokenizer },
-            mtp: target.mtp.is_some(),
-            assistant: self.assistant.as_ref().map(|a| LoadedModel {
-                path: a.path(),
-                config: a.config(),
-                tokenizer: a.tokenizer(),
-            }),
-        };
-        let choice = method::choose(&cfg, call.method, &available)?;
         let parts = DraftParts {
             target_tokenizer: &target.tokenizer,
             mtp: target.mtp.as_mut().map(|h| h.as_mut() as &mut dyn MtpHead),

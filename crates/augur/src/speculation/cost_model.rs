@@ -227,17 +227,22 @@ impl CostModel {
         let (t1, d, v) = (self.plain?, self.draft?, self.verify?);
         // A Beta(1, 1) prior keeps α inside (0, 1).
         let alpha = (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0);
-        let plain_rate = 1.0 / t1;
-        let (mut best, mut best_rate) = (0, plain_rate * MIN_GAIN);
-        for g in 1..=MAX_GAMMA {
-            let yield_ = (1.0 - alpha.powi(g as i32 + 1)) / (1.0 - alpha);
-            let rate = yield_ / (t1 + g as f64 * (d + v));
-            if rate > best_rate {
-                (best, best_rate) = (g, rate);
-            }
-        }
-        Some(best)
+        Some(best_length(alpha, (d + v) / t1, MAX_GAMMA, MIN_GAIN).0)
     }
+}
+
+/// The draft length up to `max` with the most expected tokens per one-token target forward, for drafts kept
+/// with probability `alpha` (a round of γ yields (1 − α^(γ+1)) / (1 − α) tokens) that cost `per_draft` one-token
+/// forwards each (drafting and verifying), with that rate; 0 when no length beats `floor`.
+pub(crate) fn best_length(alpha: f64, per_draft: f64, max: usize, floor: f64) -> (usize, f64) {
+    let (mut best, mut best_rate) = (0, floor);
+    for g in 1..=max {
+        let rate = (1.0 - alpha.powi(g as i32 + 1)) / (1.0 - alpha) / (1.0 + g as f64 * per_draft);
+        if rate > best_rate {
+            (best, best_rate) = (g, rate);
+        }
+    }
+    (best, best_rate)
 }
 
 fn ema(old: Option<f64>, x: f64) -> f64 {

@@ -269,10 +269,6 @@ impl SuffixCache {
         Self { capacity, state: Mutex::new(CacheState::default()) }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     fn state(&self) -> std::sync::MutexGuard<'_, CacheState> {
         // A panic elsewhere while holding the lock leaves whole sequences in place: the state is still valid.
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -213,14 +213,7 @@ impl<'a> Auto<'a> {
     fn best_assistant(&self, max: usize) -> (usize, f64) {
         let (alpha, r) = (self.alpha.value().min(0.99), self.row.value());
         let Some(d) = self.draft_cost else { return (PROBE_GAMMA.min(max), 1.0 + f64::EPSILON) };
-        let (mut best, mut best_rate) = (0, 1.0);
-        for g in 1..=MAX_GAMMA.min(max) {
-            let rate = (1.0 - alpha.powi(g as i32 + 1)) / (1.0 - alpha) / (1.0 + g as f64 * (d + r));
-            if rate > best_rate {
-                (best, best_rate) = (g, rate);
-            }
-        }
-        (best, best_rate)
+        cost_model::best_length(alpha, d + r, MAX_GAMMA.min(max), 1.0)
     }
 
     /// Whether the assistant may draft this round: started, or its prefill now judged to pay.
@@ -303,13 +296,12 @@ impl Drafter for Auto<'_> {
         self.suffix.observe(context, proposed, accepted)?;
         let Some(round) = self.round.take() else { return Ok(()) };
         let seconds = round.proposed.elapsed().as_secs_f64();
-        match round.lane {
-            Lane::Suffix { .. } => self.alpha.lean(),
-            Lane::Assistant { .. } => self.calibration.lean(),
-            _ => {
-                self.calibration.lean();
-                self.alpha.lean();
-            }
+        // Each estimate this round does not measure leans towards its prior.
+        if !matches!(round.lane, Lane::Suffix { .. }) {
+            self.calibration.lean();
+        }
+        if !matches!(round.lane, Lane::Assistant { .. }) {
+            self.alpha.lean();
         }
         match round.lane {
             Lane::Prefill => self.prefill = Some(seconds),
@@ -326,7 +318,6 @@ impl Drafter for Auto<'_> {
                 let rejected = if accepted < proposed { 1.0 } else { 0.0 };
                 self.alpha.add(accepted as f64, accepted as f64 + rejected);
                 self.measure_rows(round.rows, seconds);
-                // The first draft's seconds include the assistant reading the prompt.
                 // The first draft's seconds include the assistant reading the prompt: its one-token forward
                 // stands in for them.
                 let per_draft = match first {

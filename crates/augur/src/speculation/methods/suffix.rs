@@ -104,7 +104,7 @@ pub struct SuffixDrafter {
     cache: Option<SuffixCacheRef>,
     prompt_len: usize,
     /// Where each round that drafted took its draft from.
-    pub sources: Vec<DraftSource>,
+    sources: Vec<DraftSource>,
 }
 
 impl SuffixDrafter {
@@ -115,14 +115,7 @@ impl SuffixDrafter {
 
     /// The best draft of at most `max` nodes continuing `context`, from the request or the cache, and its source.
     pub fn candidate(&mut self, context: &[u32], max: usize) -> (Candidate, DraftSource) {
-        let indexed = self.own.sequence(0).unwrap_or_default();
-        if context.starts_with(indexed) {
-            let from = indexed.len();
-            self.own.extend(0, &context[from..]);
-        } else {
-            self.own.remove(0);
-            self.own.extend(0, context);
-        }
+        self.follow(context);
         let params = SuffixParams { max_tokens: self.params.max_tokens.min(max), ..self.params };
         let skip = context.len().checked_sub(1).map(|last| (0, last as u32));
         let own = self.own.speculate(context, &params, skip);
@@ -131,6 +124,19 @@ impl SuffixDrafter {
             (cached, DraftSource::Cache)
         } else {
             (own, DraftSource::Request)
+        }
+    }
+
+    /// Makes the request's own sequence `context`: the tokens it adds are indexed (a context that does not
+    /// extend it is indexed anew).
+    fn follow(&mut self, context: &[u32]) {
+        let indexed = self.own.sequence(0).unwrap_or_default();
+        if context.starts_with(indexed) {
+            let from = indexed.len();
+            self.own.extend(0, &context[from..]);
+        } else {
+            self.own.remove(0);
+            self.own.extend(0, context);
         }
     }
 
@@ -161,11 +167,8 @@ impl Drafter for SuffixDrafter {
     }
 
     fn observe(&mut self, context: &[u32], _: usize, _: usize) -> Result<()> {
-        // The accepted tokens join the request's own sequence at the next round's `candidate`.
-        let indexed = self.own.sequence(0).unwrap_or_default().len();
-        if context.len() > indexed && context.starts_with(self.own.sequence(0).unwrap_or_default()) {
-            self.own.extend(0, &context[indexed..]);
-        }
+        // The accepted tokens join the request's own sequence now, so that the output reaches the cache whole.
+        self.follow(context);
         Ok(())
     }
 }
