@@ -1,15 +1,17 @@
 #!/bin/bash
 # Serving load runs, `augur serve` against `llama-server`, on the same GGUF file, 2 threads each, loopback.
-# Usage: tools/bench/serve_vs_llama.sh LLAMA_BIN_DIR [MODELS_DIR] > results.jsonl
+# Usage: [MODEL=FILE.gguf] [CLIENTS="1 8"] tools/bench/serve_vs_llama.sh LLAMA_BIN_DIR [MODELS_DIR] > results.jsonl
 # The three servers (augur, whose speculation is per request; llama-server plain; llama-server with n-gram
 # speculation) stay up together, idle but for the run in progress, and the runs alternate between them at each
-# client count (1, 4, 8, 16), so that a drift in the machine's speed touches all of them alike.
+# client count (1, 4, 8, 16), so that a drift in the machine's speed touches all of them alike. augur runs plain
+# (`"speculation": "off"`), with prompt lookup, and as a user gets it without the field (`auto`, its default).
+# MODEL defaults to the Qwen2.5-Coder-0.5B file.
 # Each line: {"run", "clients", "result"} with serve_load.py's throughput, p50/p99 latency and time to first text.
 set -u
 LLAMA=${1:?llama.cpp bin directory}
 M=${2:-$HOME/.cache/augur/models}
 A=target/release/augur
-Q05=$M/qwen2.5-coder-0.5b-instruct.gguf
+Q05=${MODEL:-$M/qwen2.5-coder-0.5b-instruct.gguf}
 CLIENTS=${CLIENTS:-1 4 8 16}
 
 wait_up() { for _ in $(seq 1 120); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 1; done; return 1; }
@@ -34,4 +36,5 @@ for c in $CLIENTS; do
   load llama-plain http://127.0.0.1:8092 "$c"
   load augur-lookup http://127.0.0.1:8091 "$c" '{"method": "prompt_lookup", "prompt_lookup_num_tokens": 10}'
   load llama-ngram http://127.0.0.1:8093 "$c"
+  load augur-auto http://127.0.0.1:8091 "$c"
 done
