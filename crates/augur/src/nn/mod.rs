@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod embedding;
 pub mod linear;
+mod load;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
