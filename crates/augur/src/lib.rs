@@ -7,7 +7,6 @@
 //! The README follows; its Rust example is compiled as a doc test.
 #![doc = include_str!("../../../README.md")]
 
-pub mod batching;
 pub mod config;
 pub mod error;
 pub mod fuzzing;

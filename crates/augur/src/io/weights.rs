@@ -1,13 +1,14 @@
 //! Weights from a GGUF file (quantized tensors, llama.cpp names) or a Hugging Face directory (safetensors,
 //! single or sharded). Model files ask for tensors by their Hugging Face names; GGUF names are derived here,
-//! in one place.
+//! in one place. Weights yield tensors, mapped matrices and readers of stored rows; `nn::load` builds layers
+//! from them.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
 use crate::config::Architecture;
@@ -15,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::kernels::dense::{DenseMatrix, Float};
 use crate::kernels::mmap::{self, Mmap};
 use crate::kernels::quant::RowReader;
-use crate::nn::{Embedding, Linear, StoredTable};
 
 enum Source {
     /// Tensors are read from the file into memory one at a time (not mapped): the file's pages then stay in the
@@ -64,7 +64,7 @@ impl QuantizeOnLoad {
 
     /// The type a weight `in_dim` wide gets: Q4_K needs rows of whole 256-element super-blocks, Q8_0 rows of
     /// 32-element blocks (a weight with neither stays in its own type, as llama.cpp's quantizer falls back too).
-    fn for_width(self, in_dim: usize) -> Option<GgmlDType> {
+    pub(crate) fn for_width(self, in_dim: usize) -> Option<GgmlDType> {
         match self {
             Self::Q4K if in_dim.is_multiple_of(256) => Some(GgmlDType::Q4K),
             _ if in_dim.is_multiple_of(32) => Some(GgmlDType::Q8_0),
@@ -106,6 +106,16 @@ pub struct Weights {
     pub dequantize: bool,
     /// Quantize a checkpoint's float weights at load (lossy; safetensors only).
     pub quantize: Option<QuantizeOnLoad>,
+}
+
+/// A quantized GGUF tensor's place in its file: row `i` is the `row_bytes` bytes at `start + i · row_bytes`.
+pub(crate) struct RowsAt {
+    pub path: PathBuf,
+    /// The tensor's name in the file.
+    pub name: String,
+    pub start: u64,
+    pub row_bytes: usize,
+    pub dtype: GgmlDType,
 }
 
 /// Reads `buf.len()` bytes at `offset` of `file`.
@@ -295,7 +305,7 @@ impl Weights {
 
     /// A float weight `[n, k]` of a safetensors file, where it lies, for products on the CPU in its own type;
     /// `None` for a GGUF file, a dequantized load, another device or another type.
-    fn dense(&self, hf: &str, n: usize, k: usize) -> Result<Option<DenseMatrix>> {
+    pub(crate) fn dense(&self, hf: &str, n: usize, k: usize) -> Result<Option<DenseMatrix>> {
         let Source::Safetensors { files, tensors } = &self.source else { return Ok(None) };
         if self.dequantize || !self.device.is_cpu() {
             return Ok(None);
@@ -396,7 +406,7 @@ impl Weights {
 
     /// A weight used in products as stored (quantized) when it comes from a GGUF file; `None` where it is
     /// used as dense f32 instead: safetensors off the CPU, or a dequantized load.
-    fn quantized(&self, hf: &str, shape: &[usize]) -> Result<Option<Arc<QTensor>>> {
+    pub(crate) fn quantized(&self, hf: &str, shape: &[usize]) -> Result<Option<Arc<QTensor>>> {
         match &self.source {
             Source::Gguf { content, file } if !self.dequantize => {
                 Ok(Some(Arc::new(self.qtensor(content, file, &self.stored_name(hf), shape)?)))
@@ -405,36 +415,9 @@ impl Weights {
         }
     }
 
-    pub fn linear(&self, hf_prefix: &str, out_dim: usize, in_dim: usize, bias: bool) -> Result<Linear> {
-        let wname = format!("{hf_prefix}.weight");
-        let bias_of = || -> Result<Option<Tensor>> {
-            Ok(if bias { Some(self.f32(&format!("{hf_prefix}.bias"), &[out_dim])?) } else { None })
-        };
-        if let Some((dtype, mut read)) = self.stored_rows(&wname, &[out_dim, in_dim])? {
-            if let Some(linear) = Linear::from_stored(dtype, out_dim, in_dim, &mut read, bias_of()?)? {
-                return Ok(linear);
-            }
-        }
-        if let Some(dense) = self.dense(&wname, out_dim, in_dim)? {
-            let quantized = self.quantize.and_then(|q| q.for_width(in_dim));
-            return match quantized {
-                Some(dtype) => {
-                    let q = QTensor::quantize(&self.f32(&wname, &[out_dim, in_dim])?, dtype)?;
-                    Linear::new(QMatMul::from_qtensor(q)?, bias_of()?)
-                }
-                None => Ok(Linear::dense(dense, bias_of()?)),
-            };
-        }
-        let weight = match self.quantized(&wname, &[out_dim, in_dim])? {
-            Some(q) => QMatMul::from_arc(q)?,
-            None => QMatMul::Tensor(self.f32(&wname, &[out_dim, in_dim])?),
-        };
-        Linear::new(weight, bias_of()?)
-    }
-
     /// A quantized GGUF tensor `[rows, cols]` (shape checked) on a CPU load: its type and a reader of its
     /// stored rows, for kernels that regroup the rows at load.
-    fn stored_rows(&self, hf: &str, shape: &[usize]) -> Result<Option<(GgmlDType, Box<RowReader<'_>>)>> {
+    pub(crate) fn stored_rows(&self, hf: &str, shape: &[usize]) -> Result<Option<(GgmlDType, Box<RowReader<'_>>)>> {
         let Source::Gguf { content, file } = &self.source else { return Ok(None) };
         if self.dequantize || !self.device.is_cpu() {
             return Ok(None);
@@ -453,21 +436,9 @@ impl Weights {
         Ok(Some((dtype, Box::new(read))))
     }
 
-    pub fn embedding(&self, hf: &str, vocab: usize, hidden: usize) -> Result<Embedding> {
-        if let Some(table) = self.dense(hf, vocab, hidden)? {
-            let hf_prefix = hf.strip_suffix(".weight").unwrap_or(hf).to_string();
-            return Ok(Embedding::Rows { table: Arc::new(table), hf_prefix });
-        }
-        if let Some(table) = self.stored_table(hf, vocab, hidden)? {
-            return Ok(Embedding::Stored(Arc::new(table)));
-        }
-        Ok(Embedding::Dense(self.f32(hf, &[vocab, hidden])?))
-    }
-
-    /// A quantized GGUF tensor `[rows, cols]` (shape checked) left in its file, to be read a row at a time: a
-    /// token embedding, or an LM head's rows for a drafter's reduced head. `None` for float tensors, which are
-    /// used dense, as are all tensors of a dequantized load.
-    pub fn stored_table(&self, hf: &str, rows: usize, cols: usize) -> Result<Option<StoredTable>> {
+    /// Where a quantized GGUF tensor `[rows, cols]` (shape checked) lies in its file, for a table read a row at a
+    /// time (see `Weights::stored_table`); `None` for float tensors and on a dequantized load.
+    pub(crate) fn stored_rows_at(&self, hf: &str, rows: usize, cols: usize) -> Result<Option<RowsAt>> {
         let Source::Gguf { content, .. } = &self.source else { return Ok(None) };
         let name = self.stored_name(hf);
         let info = self.tensor_info(content, &name, &[rows, cols])?;
@@ -475,16 +446,11 @@ impl Weights {
         if self.dequantize || matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16) {
             return Ok(None);
         }
-        let file = File::open(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        Ok(Some(StoredTable {
-            file: Mutex::new(file),
+        Ok(Some(RowsAt {
             path: self.path.clone(),
             start: content.tensor_data_offset + info.offset,
             row_bytes: row_bytes(dtype, cols),
             dtype,
-            rows,
-            hidden: cols,
-            hf_prefix: hf.strip_suffix(".weight").unwrap_or(hf).to_string(),
             name,
         }))
     }

@@ -4,8 +4,8 @@
 //! keeps a verified token's bits those it gets decoded alone; the AVX-512 unit also reads each block of keys
 //! and values once for a whole group of heads and rows.
 
-use crate::nn::kv_cache::KvCache;
-use crate::nn::TreeMask;
+use super::kv_cache::KvCache;
+use super::tree::TreeMask;
 
 /// Head counts and sizes of a cached attention: keys are the first `qk_dim` values of each cached key row and
 /// values the first `v_dim` of each value row (MLA caches both padded to one width).

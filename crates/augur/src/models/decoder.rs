@@ -1,11 +1,11 @@
 //! The decoder every architecture shares: embeddings → blocks → final norm → LM head, with the one logits
 //! tail. [`Decoder`] holds the weights; a [`DecoderSequence`] holds one sequence's caches, and
-//! [`crate::batching::Batched`] runs sequences over one decoder.
+//! [`super::batching::Batched`] runs sequences over one decoder.
 
 use candle_core::{DType, Device, Tensor};
 
+use super::batching::{BatchModel, Batched, Job};
 use super::{ForwardOptions, ForwardOutput, HeadSubset, LogitRows};
-use crate::batching::{BatchModel, Batched, Job};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;

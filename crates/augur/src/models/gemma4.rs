@@ -9,9 +9,9 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::batching::{BatchModel, Job};
 use super::decoder::LogitsHead;
 use super::{ForwardOptions, ForwardOutput, KvSharing, LogitRows};
-use crate::batching::{BatchModel, Job};
 use crate::config::{at_most, Gemma4Config, LayerKind, ModelConfig, RopeLayout, MAX_VOCAB, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;

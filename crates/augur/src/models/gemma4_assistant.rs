@@ -16,7 +16,7 @@ use crate::config::{Gemma4Config, LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
 use crate::kernels::attention::{attend, AttendShape, Ranges};
-use crate::nn::kv_cache::KvCache;
+use crate::kernels::kv_cache::KvCache;
 use crate::nn::Linear;
 use crate::nn::{RmsNorm, Rope};
 

@@ -2,6 +2,7 @@
 //! position and returns logits for every position asked for, hidden states, or an early layer's output; the
 //! cache can be cut back to any length.
 
+pub mod batching;
 pub mod decoder;
 mod deepseek_v3;
 mod gemma3;

@@ -1,8 +1,8 @@
 //! The architecture registry: a new architecture is one file in `models/`, one line in the list here and its name
 //! in `config`'s `SUPPORTED_ARCHITECTURES`.
 
+use super::batching::Batched;
 use super::{deepseek_v3, gemma3, gemma4, glm4_moe, llama, qwen2, Built, CausalLm};
-use crate::batching::Batched;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;

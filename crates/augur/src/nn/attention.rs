@@ -4,13 +4,13 @@ use candle_core::Tensor;
 
 use super::norm::RmsNorm;
 use super::rope::Ropes;
-use super::TreeMask;
 use super::{flat, Linear};
 use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::io::weights::Weights;
 use crate::kernels::attention::{attend, AttendShape, Causal, TreeRows};
-use crate::nn::kv_cache::KvCache;
+use crate::kernels::kv_cache::KvCache;
+use crate::kernels::tree::TreeMask;
 
 /// One sequence's part of a forward, shared by every layer: where its block starts, how many rows it has and
 /// the rotary tables.

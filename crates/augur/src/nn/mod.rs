@@ -3,24 +3,25 @@
 
 pub mod attention;
 pub mod embedding;
-pub mod kv_cache;
 pub mod linear;
+mod load;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
 pub mod rope;
-pub mod tree;
 
 use candle_core::Tensor;
 
 pub use attention::{per_sequence, Attention, Step};
 pub use embedding::{Embedding, StoredTable};
-pub use kv_cache::KvCache;
 pub use linear::{Linear, LinearPath};
 pub use mlp::Mlp;
 pub use norm::RmsNorm;
 pub use rope::{Rope, Ropes};
-pub use tree::TreeMask;
+
+// A sequence's cache and a tree block's shape live with the attention kernel that reads them; layers pass them.
+pub use crate::kernels::kv_cache::KvCache;
+pub use crate::kernels::tree::TreeMask;
 
 use crate::error::Result;
 

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::{CausalLm, ForwardOptions, ForwardOutput, KvSharing};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::models::{CausalLm, ForwardOptions, ForwardOutput, KvSharing};
 
 /// A model's shared weights, run for one sequence's state at a time or for several sequences in one forward.
 pub trait BatchModel: Send + Sync + 'static {
@@ -31,7 +31,7 @@ pub trait BatchModel: Send + Sync + 'static {
     fn forward(&self, seq: &mut Self::Sequence, tokens: &[u32], opts: &ForwardOptions) -> Result<ForwardOutput>;
     /// The forwards of several sequences as one forward.
     fn forward_batch(&self, jobs: &mut [Job<Self::Sequence>]) -> Result<Vec<ForwardOutput>>;
-    /// Whether forwards may carry a tree ([`crate::models::ForwardOptions::tree`]).
+    /// Whether forwards may carry a tree ([`super::ForwardOptions::tree`]).
     fn supports_tree(&self) -> bool {
         false
     }
