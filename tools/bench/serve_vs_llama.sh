@@ -11,7 +11,7 @@ set -u
 LLAMA=${1:?llama.cpp bin directory}
 M=${2:-$HOME/.cache/augur/models}
 A=target/release/augur
-Q05=${MODEL:-$M/qwen2.5-coder-0.5b-instruct.gguf}
+GGUF=${MODEL:-$M/qwen2.5-coder-0.5b-instruct.gguf}
 CLIENTS=${CLIENTS:-1 4 8 16}
 
 wait_up() { for _ in $(seq 1 120); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 1; done; return 1; }
@@ -21,11 +21,11 @@ load() { # NAME URL CLIENTS [SPECULATION-JSON]
     ${4:+--speculation "$4"})
   echo "{\"run\": \"$1\", \"clients\": $3, \"result\": $r}"
 }
-$A serve --model "$Q05" --port 8091 --threads 2 --parallel 16 --queue 64 >/dev/null 2>&1 &
+$A serve --model "$GGUF" --port 8091 --threads 2 --parallel 16 --queue 64 >/dev/null 2>&1 &
 AUGUR=$!
-"$LLAMA/llama-server" -m "$Q05" --port 8092 -t 2 -np 16 -c 16384 >/dev/null 2>&1 &
+"$LLAMA/llama-server" -m "$GGUF" --port 8092 -t 2 -np 16 -c 16384 >/dev/null 2>&1 &
 PLAIN=$!
-"$LLAMA/llama-server" -m "$Q05" --port 8093 -t 2 -np 16 -c 16384 --spec-type ngram-simple >/dev/null 2>&1 &
+"$LLAMA/llama-server" -m "$GGUF" --port 8093 -t 2 -np 16 -c 16384 --spec-type ngram-simple >/dev/null 2>&1 &
 NGRAM=$!
 trap 'kill $AUGUR $PLAIN $NGRAM 2>/dev/null; wait 2>/dev/null' EXIT
 for url in http://127.0.0.1:8091 http://127.0.0.1:8092 http://127.0.0.1:8093; do
