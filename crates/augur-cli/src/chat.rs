@@ -163,6 +163,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
             return_full_text: Some(false),
             method,
             suffix_cache: Some(suffix_cache.clone()),
+            // Each turn's prompt is the conversation so far: only the new messages are prefilled.
+            cache_prompt: Some(true),
             ..CallOptions::new(options.clone())
         };
         let mut print = |chunk: &str| {

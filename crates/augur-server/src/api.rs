@@ -182,6 +182,8 @@ pub struct RequestBody {
     pub ignore_eos: Option<bool>,
     pub include_stop_str_in_output: Option<bool>,
     pub skip_special_tokens: Option<bool>,
+    // llama-server's.
+    pub cache_prompt: Option<bool>,
     // augur's.
     pub speculation: Option<Value>,
 }
@@ -238,6 +240,8 @@ pub struct CompletionRequest {
     pub ignore_eos: bool,
     /// The end user the client names; it goes into the request log.
     pub user: Option<String>,
+    /// Reuse an idle sequence's cached prefix of the prompt (llama-server's `cache_prompt`, on unless false).
+    pub cache_prompt: bool,
 }
 
 /// Deserialises `body` into `T`, naming the field at fault (`messages[0].role`) in the error.
@@ -635,6 +639,7 @@ pub fn parse(body: &[u8], chat: bool) -> Result<CompletionRequest, ApiError> {
         stop_token_ids: b.stop_token_ids.unwrap_or_default(),
         ignore_eos: b.ignore_eos.unwrap_or(false),
         user: b.user.or(b.safety_identifier),
+        cache_prompt: b.cache_prompt.unwrap_or(true),
     })
 }
 
@@ -662,6 +667,9 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        // OpenAI's: prompt tokens read from the cache of an earlier request instead of prefilled (the first
+        // choice's; the others fork from a fresh sequence).
+        "prompt_tokens_details": {"cached_tokens": outs.first().map_or(0, |o| o.stats.cached_prompt_tokens)},
         "speculation": {
             "method": outs.first().map(|o| o.stats.method.as_str()),
             "drafted_tokens": drafted,

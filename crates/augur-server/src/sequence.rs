@@ -16,7 +16,7 @@ use crate::api::{ApiError, CompletionRequest, Meta};
 use crate::auth::Owner;
 use crate::metrics;
 use crate::reply::error_status;
-use crate::state::{lock, now, App, Server};
+use crate::state::{now, App, Server};
 use crate::validation::{prepare, Job};
 
 /// What a sequence's thread tells its handler.
@@ -74,11 +74,10 @@ pub(crate) fn sequence(
     }
     let mut pipes = Vec::with_capacity(n);
     for _ in 0..n {
-        let idle = lock(&server.idle).pop();
-        match idle.map_or_else(|| lock(&server.template).fork(), Ok) {
+        match server.sequence_for(&job.prompt_ids, &job.owner) {
             Ok(p) => pipes.push(p),
             Err(e) => {
-                lock(&server.idle).extend(pipes);
+                server.release(pipes, &job.owner);
                 let _ = tx.send(Msg::Refused(ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed")));
                 return;
             }
@@ -144,7 +143,7 @@ pub(crate) fn sequence(
                 .collect()
         })
     };
-    lock(&server.idle).extend(pipes);
+    server.release(pipes, &job.owner);
     drop(permit);
     for (out, first_token, total) in &ran {
         if let Ok(o) = out {

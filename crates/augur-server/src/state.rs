@@ -24,8 +24,9 @@ pub(crate) struct Server {
     /// Other names a request may use for the model (its path, the name it was loaded by).
     pub(crate) aliases: Vec<String>,
     pub(crate) template: Mutex<Pipeline>,
-    /// Idle sequences (forks of `template`) kept with their cache buffers.
-    pub(crate) idle: Mutex<Vec<Pipeline>>,
+    /// Idle sequences (forks of `template`) kept with their caches, which a request that begins as their last
+    /// one did reuses (`cache_prompt`).
+    pub(crate) idle: Mutex<Vec<Idle>>,
     pub(crate) tokenizer: Arc<Tokenizer>,
     /// Tokens per sequence: the model's context, or `--ctx-size` below it.
     pub(crate) context: usize,
@@ -45,6 +46,40 @@ pub(crate) struct Server {
     pub(crate) scheduler: Scheduler,
     pub(crate) next_id: AtomicU64,
     pub(crate) started: u64,
+}
+
+/// An idle sequence and the owner (API key) of the request that last ran on it.
+pub(crate) struct Idle {
+    pub(crate) pipe: Pipeline,
+    pub(crate) owner: String,
+}
+
+impl Server {
+    /// A sequence for a request of `owner` whose prompt is `ids`: the idle one of the same owner whose cache
+    /// holds the longest prefix of it, else any idle one (its cache forgotten), else a new fork.
+    pub(crate) fn sequence_for(&self, ids: &[u32], owner: &str) -> augur::Result<Pipeline> {
+        let mut idle = lock(&self.idle);
+        let prefix = |i: &Idle| if i.owner == owner { i.pipe.target.cached_prefix(ids) } else { 0 };
+        let best = (0..idle.len()).max_by_key(|&i| (prefix(&idle[i]), i));
+        match best {
+            Some(i) => {
+                let Idle { mut pipe, owner: last } = idle.swap_remove(i);
+                if last != owner {
+                    pipe.target.forget_cache();
+                }
+                Ok(pipe)
+            }
+            None => {
+                drop(idle);
+                lock(&self.template).fork()
+            }
+        }
+    }
+
+    /// Returns `pipes`, last run for `owner`, to the idle pool.
+    pub(crate) fn release(&self, pipes: Vec<Pipeline>, owner: &str) {
+        lock(&self.idle).extend(pipes.into_iter().map(|pipe| Idle { pipe, owner: owner.to_string() }));
+    }
 }
 
 /// What every handler shares: the model once it is loaded, and what the server does before that.
@@ -108,7 +143,7 @@ pub(crate) fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server
         },
         max_tokens_limit: config.max_tokens_limit,
         has_assistant: pipe.assistant.is_some(),
-        idle: Mutex::new(vec![first]),
+        idle: Mutex::new(vec![Idle { pipe: first, owner: String::new() }]),
         template: Mutex::new(pipe),
         speculation: config.speculation.clone(),
         default_method,

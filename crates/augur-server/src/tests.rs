@@ -500,6 +500,66 @@ async fn api_keys_never_share_the_suffix_cache() {
     assert_eq!(call(&router, "POST", "/v1/completions", &body).await.0, StatusCode::UNAUTHORIZED);
 }
 
+/// `cache_prompt` (on unless false, as in llama-server): a request that begins as the last one on an idle
+/// sequence did reuses that sequence's cached prefix (`usage.prompt_tokens_details.cached_tokens`, OpenAI's
+/// field) and gets the same text; `false` reuses nothing; a request of another API key never reuses it.
+#[tokio::test]
+async fn a_repeated_prompt_reuses_the_cache_of_its_own_key_only() {
+    let config = ServeConfig { api_key: Some("alpha, beta".into()), ..ServeConfig::default() };
+    let router = serving(tiny(), &config);
+    let ask = |key, cache_prompt: Option<bool>| {
+        let router = router.clone();
+        let mut body = json!({"prompt": "a b c d e f g", "max_tokens": 16, "temperature": 0});
+        if let Some(c) = cache_prompt {
+            body["cache_prompt"] = json!(c);
+        }
+        async move {
+            let (status, reply) = call_as(&router, Some(key), "POST", "/v1/completions", &body.to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
+            (reply["choices"][0]["text"].clone(), cached, reply["usage"]["prompt_tokens"].as_u64().unwrap())
+        }
+    };
+    let (text, first, prompt) = ask("alpha", None).await;
+    let (again_text, again, _) = ask("alpha", None).await;
+    let (other_text, other, _) = ask("beta", None).await;
+    let (after_text, after, _) = ask("alpha", None).await;
+    let (off_text, off, _) = ask("beta", Some(false)).await;
+    assert_eq!(first, 0, "nothing cached before the first request");
+    assert_eq!(again, prompt - 1, "the repeated prompt reuses all but its last token");
+    assert_eq!((other, after), (0, 0), "a sequence's cache passed between keys");
+    assert_eq!(off, 0, "cache_prompt false reused the cache");
+    for t in [&again_text, &other_text, &after_text, &off_text] {
+        assert_eq!(t, &text);
+    }
+}
+
+/// A chat's next turn (the conversation so far, then a new message) prefills only what follows the last
+/// answer's cached tokens.
+#[tokio::test]
+async fn a_chats_next_turn_reuses_the_conversation_so_far() {
+    let router = serving(tiny(), &ServeConfig::default());
+    let turn = |messages: serde_json::Value| {
+        let router = router.clone();
+        async move {
+            let body = json!({"messages": messages, "max_tokens": 12, "temperature": 0}).to_string();
+            let (status, reply) = call(&router, "POST", "/v1/chat/completions", &body).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+            let usage = &reply["usage"];
+            let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+            (reply["choices"][0]["message"]["content"].as_str().unwrap().to_string(), cached)
+        }
+    };
+    let first = json!([{"role": "user", "content": "hello there"}]);
+    let (answer, cached) = turn(first.clone()).await;
+    assert_eq!(cached, 0);
+    let mut next = first.as_array().unwrap().clone();
+    next.push(json!({"role": "assistant", "content": answer}));
+    next.push(json!({"role": "user", "content": "and then?"}));
+    let (_, cached) = turn(json!(next)).await;
+    assert!(cached > 3, "the second turn reused {cached} tokens of the first");
+}
+
 /// `/tokenize` runs off the HTTP workers: on a runtime with one worker, `/health` is answered while a long
 /// text is being tokenized (before, the tokenizer held the worker until it was done).
 #[tokio::test(flavor = "current_thread")]

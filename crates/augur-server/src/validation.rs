@@ -47,6 +47,10 @@ impl Server {
 pub(crate) struct Job {
     pub(crate) req: CompletionRequest,
     pub(crate) call: CallOptions,
+    /// The prompt's tokens, by which an idle sequence with its longest cached prefix is chosen.
+    pub(crate) prompt_ids: Vec<u32>,
+    /// Who asks (the API key): a sequence's cached prompt is reused only by its own owner's requests.
+    pub(crate) owner: String,
 }
 
 impl Job {
@@ -119,12 +123,12 @@ pub(crate) fn prepare(
         eos.extend(req.stop_token_ids.iter().filter(|t| !server.eos.contains(t) || req.ignore_eos));
         generation.eos_token_id = Some(eos);
     }
-    let prompt_tokens = match &req.prompt {
+    let prompt_ids = match &req.prompt {
         Prompt::Text(t) => server.tokenizer.encode(t, true),
         Prompt::Chat(m) => server.tokenizer.encode_chat(m, true),
     }
-    .map_err(|e| ApiError::bad(e.to_string()))?
-    .len();
+    .map_err(|e| ApiError::bad(e.to_string()))?;
+    let prompt_tokens = prompt_ids.len();
     if prompt_tokens == 0 {
         return Err(ApiError::param("prompt", "the prompt is empty (no tokens)"));
     }
@@ -180,7 +184,8 @@ pub(crate) fn prepare(
         logprobs: req.logprobs.map(|l| l.top),
         include_stop_str_in_output: Some(req.include_stop),
         stop_strings_match_prompt: Some(false),
-        suffix_cache: Some(SuffixCacheRef { cache: Arc::clone(&server.suffix_cache), owner: owner.0 }),
+        suffix_cache: Some(SuffixCacheRef { cache: Arc::clone(&server.suffix_cache), owner: owner.0.clone() }),
+        cache_prompt: Some(req.cache_prompt),
     };
-    Ok(Job { req, call })
+    Ok(Job { req, call, prompt_ids, owner: owner.0 })
 }

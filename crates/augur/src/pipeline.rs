@@ -43,6 +43,10 @@ pub struct LoadedLm {
     pub weights: WeightsInfo,
     /// The checkpoint's multi-token-prediction layers, which draft for `use_mtp`.
     pub mtp: Option<Box<dyn MtpHead>>,
+    /// The tokens whose keys and values the last call left in `model`'s cache, which the next call with
+    /// [`CallOptions::cache_prompt`] reuses as far as its prompt begins with them; valid only while the cache
+    /// holds as many positions.
+    held: Vec<u32>,
 }
 
 impl LoadedLm {
@@ -104,6 +108,7 @@ impl LoadedLm {
             defaults,
             weights: loaded.weights_info,
             mtp: loaded.mtp,
+            held: Vec::new(),
         })
     }
 
@@ -123,7 +128,24 @@ impl LoadedLm {
             defaults: self.defaults.clone(),
             weights: self.weights.clone(),
             mtp: None,
+            held: Vec::new(),
         })
+    }
+
+    /// How many of `ids`' first tokens this model's cache holds from the last call (see
+    /// [`CallOptions::cache_prompt`]): at most all but the last, whose logits the next token needs.
+    pub fn cached_prefix(&self, ids: &[u32]) -> usize {
+        if self.model.cache_len() != self.held.len() {
+            return 0;
+        }
+        let common = self.held.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        common.min(ids.len().saturating_sub(1))
+    }
+
+    /// Forgets which tokens the cache holds, so that no later call reuses them (a sequence passed to another
+    /// API key's request).
+    pub fn forget_cache(&mut self) {
+        self.held.clear();
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -259,6 +281,12 @@ pub struct CallOptions {
     /// The process-wide cache of earlier outputs that suffix decoding reads and feeds, with the caller's key;
     /// `None`: a suffix draft comes from the request's own prompt and output only.
     pub suffix_cache: Option<SuffixCacheRef>,
+    /// Reuse the keys and values of the longest prefix of the prompt that the last call on this pipeline left
+    /// in its cache (its prompt and output), as llama-server's `cache_prompt` does: only the rest is
+    /// prefilled. Every row gets the same bits whatever the rows computed with it, so the output is the same.
+    /// Drafters that read the target's states of the whole prompt (MTP, Gemma 4's assistant, early exit)
+    /// prefill it all. `None`: false, as Transformers' `generate` without `past_key_values`.
+    pub cache_prompt: Option<bool>,
 }
 
 impl CallOptions {
@@ -490,7 +518,8 @@ impl Pipeline {
             (self.target.path.clone(), self.assistant.as_ref().map(|a| a.path().to_path_buf()));
         let choice = method::choose(&cfg, call.method, &self.available())?;
         let target = &mut self.target;
-        target.model.truncate(0);
+        let reuse = if call.cache_prompt == Some(true) { target.cached_prefix(ids) } else { 0 };
+        target.held.clear();
         let mut emitter =
             Emitter::new(&target.tokenizer, ids, max_new, cfg.eos_token_id.clone(), cfg.stop_strings.clone(), sink)
                 .with_token_sink(token_sink)
@@ -521,6 +550,9 @@ impl Pipeline {
             suffix_cache: call.suffix_cache.clone(),
         };
         let mut drafter = factory::build(choice, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;
+        let reuse = if drafter.as_ref().is_some_and(|d| d.reads_target_prefill()) { 0 } else { reuse };
+        target.model.truncate(reuse);
+        stats.cached_prompt_tokens = reuse;
         let result = match drafter.as_deref_mut() {
             Some(d) => speculative::generate(target.model.as_mut(), d, &cfg, &mut emitter, &mut stats),
             None => decode::generate(target.model.as_mut(), &cfg, &mut emitter, &mut stats),
@@ -536,6 +568,8 @@ impl Pipeline {
             }
             e => e,
         })?;
+        let held = target.model.cache_len().min(emitter.tokens().len());
+        target.held = emitter.tokens()[..held].to_vec();
         stats.seconds = start.elapsed().as_secs_f64();
         stats.finish();
         Ok(emitter.into_output(stats))

@@ -306,3 +306,59 @@ fn sequence_bias_steers_generation_exactly() {
     assert_eq!(json, vec![(vec![3, 4], 1.0), (vec![5], 1.5)], "a repeated sequence keeps its last bias");
     assert!(GenerationOptions::from_json_str(r#"{"sequence_bias": [[[], 1.0]]}"#).is_err());
 }
+
+/// `cache_prompt`: a call whose prompt begins with what the last call left in the cache (its prompt and output)
+/// prefills only the rest and gives the tokens a fresh sequence gives, plain, speculative and sampled; a prompt
+/// that leaves the cached tokens early reuses up to there; early exit, which runs the prompt through the
+/// target's own layers, and calls without the option prefill it all.
+#[test]
+fn a_cached_prompt_prefix_gives_the_tokens_of_a_fresh_sequence() {
+    let pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let first_prompt = pipe.encode(&Prompt::Text(PROMPTS[1].into()), true).unwrap();
+    // Drawn by position, so that the text does not depend on which rounds drafted (the cost model times them).
+    let sampled = GenerationOptions {
+        do_sample: Some(true),
+        seed: Some(7),
+        temperature: Some(0.9),
+        sample_by_position: Some(true),
+        ..greedy(24)
+    };
+    for (spec, reused) in [
+        (GenerationOptions::default(), true),
+        (GenerationOptions { prompt_lookup_num_tokens: Some(3), ..Default::default() }, true),
+        (GenerationOptions { num_assistant_tokens: Some(4), ..Default::default() }, true),
+        (sampled, true),
+        (GenerationOptions { assistant_early_exit: Some(2), ..Default::default() }, false),
+    ] {
+        let mut options = greedy(24);
+        options.merge(&spec);
+        let method = (spec == GenerationOptions::default()).then_some(MethodName::Plain);
+        let fresh = CallOptions { method, ..CallOptions::new(options.clone()) };
+        let cached = CallOptions { cache_prompt: Some(true), ..fresh.clone() };
+        let mut warm = pipe.fork().unwrap();
+        let first = warm.call_ids(&first_prompt, &cached, None).unwrap();
+        assert_eq!(first.stats.cached_prompt_tokens, 0, "nothing cached before the first call ({spec:?})");
+        // The next turn: the whole first exchange, then the prompt's first tokens again (an n-gram to look up);
+        // then a prompt that leaves it at token 3.
+        let mut next = [first_prompt.clone(), first.tokens.clone()].concat();
+        next.extend_from_slice(&first_prompt[..3]);
+        let mut diverging = next[..3].to_vec();
+        diverging.extend([40, 41, 42, 43]);
+        for (prompt, expected_reuse) in [(&next, next.len() - 4), (&diverging, 3)] {
+            let again = warm.call_ids(prompt, &cached, None).unwrap();
+            let alone = pipe.fork().unwrap().call_ids(prompt, &fresh, None).unwrap();
+            assert_eq!(again.tokens, alone.tokens, "{spec:?}, prompt of {} tokens", prompt.len());
+            let reuse = if reused { expected_reuse } else { 0 };
+            assert_eq!(again.stats.cached_prompt_tokens, reuse, "{spec:?}, prompt of {} tokens", prompt.len());
+            assert_eq!(alone.stats.cached_prompt_tokens, 0);
+            if spec.num_assistant_tokens.is_some() || (spec.prompt_lookup_num_tokens.is_some() && prompt == &next) {
+                assert!(again.stats.drafted > 0, "drafts were proposed ({spec:?})");
+            }
+            // Back to the first exchange's state for the second prompt.
+            warm = pipe.fork().unwrap();
+            warm.call_ids(&first_prompt, &cached, None).unwrap();
+        }
+        let off = warm.call_ids(&next, &fresh, None).unwrap();
+        assert_eq!(off.stats.cached_prompt_tokens, 0, "reused without cache_prompt ({spec:?})");
+    }
+}

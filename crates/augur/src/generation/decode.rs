@@ -69,7 +69,8 @@ pub(crate) fn next_token(
     }
 }
 
-/// Decodes until the emitter finishes. The model's cache must be empty.
+/// Decodes until the emitter finishes. The model's cache holds a prefix of the prompt (none, or one kept
+/// from an earlier call).
 pub fn generate(
     model: &mut dyn CausalLm,
     cfg: &GenerationConfig,
@@ -79,7 +80,7 @@ pub fn generate(
     let start = Instant::now();
     let processor = LogitsProcessor::new(cfg, emitter.tokens().len())?;
     let mut sampler = Sampler::for_config(cfg);
-    let mut pending = emitter.tokens().to_vec();
+    let mut pending = emitter.tokens()[model.cache_len()..].to_vec();
     stats.method = "plain".into();
     while !emitter.is_finished() {
         let out = model.forward(&pending, &ForwardOptions::logits(LogitRows::Last(1)))?;

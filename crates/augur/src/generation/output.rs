@@ -18,6 +18,9 @@ pub struct GenerationStats {
     /// Which way tokens were proposed: `plain`, `assistant_model`, `prompt_lookup`, ….
     pub method: String,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values an earlier call left in the cache, not prefilled again
+    /// ([`crate::pipeline::CallOptions::cache_prompt`]).
+    pub cached_prompt_tokens: usize,
     pub new_tokens: usize,
     pub target_forwards: usize,
     /// The first target forward (the prompt, plus the first drafts under speculation).

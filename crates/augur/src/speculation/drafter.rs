@@ -104,6 +104,11 @@ pub trait Drafter {
     fn wants_target_hidden(&self) -> bool {
         false
     }
+    /// Whether the drafter reads the target's states of the whole prompt (its hidden rows, its KV, its early
+    /// layers), so that a call must prefill all of it rather than reuse a cached prefix.
+    fn reads_target_prefill(&self) -> bool {
+        self.wants_target_hidden()
+    }
     /// The verification forward's final hidden states `[fed, hidden]`, of which the first `accepted_rows` belong
     /// to positions the target kept; called before [`Drafter::observe`] when [`Drafter::wants_target_hidden`].
     fn target_hidden(&mut self, _hidden: &Tensor, _accepted_rows: usize) -> Result<()> {

@@ -17,7 +17,8 @@ use crate::models::{CausalLm, ForwardOptions, LogitRows};
 use crate::nn::TreeMask;
 
 /// Generates with `drafter` proposing and `target` verifying until the emitter finishes. The target's cache
-/// must be empty.
+/// holds a prefix of the prompt (none, or one kept from an earlier call, unless the drafter
+/// [reads the target's prefill](Drafter::reads_target_prefill)).
 pub fn generate(
     target: &mut dyn CausalLm,
     drafter: &mut dyn Drafter,

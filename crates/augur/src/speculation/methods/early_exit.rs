@@ -89,6 +89,11 @@ impl Drafter for EarlyExit {
         self.drafting.draft(target, &opts, context, context[cached..].to_vec(), max, vocab)
     }
 
+    /// Its first draft runs the prompt through the target's early layers, which a full forward then reuses.
+    fn reads_target_prefill(&self) -> bool {
+        true
+    }
+
     fn observe(&mut self, _: &[u32], proposed: usize, accepted: usize) -> Result<()> {
         // The verification forward already consumed or discarded the drafted positions.
         self.drafting.length.update(proposed, accepted);
