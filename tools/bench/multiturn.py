@@ -11,6 +11,11 @@ seconds (prefill included, measured by the client) and its ratio to the first se
 and that prefill weighs on every setting alike); checks that every
 setting's answers are the first setting's, token for token (greedy output is plain greedy output).
 
+A setting is the JSON value of augur's `speculation` field, or an object of request fields with it
+(`{"speculation": "off", "cache_prompt": false}`: plain decoding that prefills the whole history every turn;
+the server reuses the previous turn's cached prefix unless told not to). Each turn's line gives the prompt
+tokens read from that cache.
+
 Workloads: `mt-bench` (the two-turn questions of Spec-Bench's question.jsonl: the second turn revises or extends
 the first answer) and `edit` (a small Python file revised over ten turns, each answer the whole file again).
 Standard library only.
@@ -73,9 +78,17 @@ def conversations(workload, path, limit):
     return convs[:limit]
 
 
-def ask(url, key, messages, max_tokens, speculation):
+def fields(setting):
+    """A setting's request fields: `{"speculation": ..., "cache_prompt": false}` as written, any other value as
+    the `speculation` field alone."""
+    if isinstance(setting, dict) and "speculation" in setting:
+        return setting
+    return {"speculation": setting}
+
+
+def ask(url, key, messages, max_tokens, setting):
     """One streamed turn: its text, usage, seconds in all and seconds from its first text to its end."""
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "speculation": speculation,
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, **fields(setting),
             "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(
         url + "/v1/chat/completions",
@@ -109,7 +122,8 @@ def main():
     ap.add_argument("--limit", type=int, default=4, help="mt-bench conversations")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--keys", required=True, help="comma-separated API keys, one per setting")
-    ap.add_argument("--settings", nargs="+", required=True, help="JSON values of augur's `speculation` field")
+    ap.add_argument("--settings", nargs="+", required=True,
+                    help="JSON values of augur's `speculation` field, or objects of request fields with it")
     args = ap.parse_args()
     settings = [json.loads(s) for s in args.settings]
     keys = args.keys.split(",")
@@ -135,8 +149,10 @@ def main():
                 totals[s][2] += spec["target_forwards"]
                 for k, v in spec.get("draft_sources", {}).items():
                     totals[s][3][k] = totals[s][3].get(k, 0) + v
+                cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
                 print(f"conv {c} turn {t} {json.dumps(setting):<50} {u['completion_tokens']:>4} tokens "
                       f"{seconds:7.2f} s {u['completion_tokens'] / seconds:6.1f} tok/s "
+                      f"{cached:>5}/{u['prompt_tokens']} prompt tokens cached "
                       f"{spec['tokens_per_forward']:.2f} tok/forward {spec.get('draft_sources', {})}", flush=True)
             if s > 0 and mine != answers[0]:
                 mismatches += 1

@@ -568,7 +568,9 @@ impl Pipeline {
             }
             e => e,
         })?;
+        // A block cut by EOS, the budget or a stop string leaves positions past the output in the cache.
         let held = target.model.cache_len().min(emitter.tokens().len());
+        target.model.truncate(held);
         target.held = emitter.tokens()[..held].to_vec();
         stats.seconds = start.elapsed().as_secs_f64();
         stats.finish();

@@ -313,7 +313,8 @@ fn sequence_bias_steers_generation_exactly() {
 /// target's own layers, and calls without the option prefill it all.
 #[test]
 fn a_cached_prompt_prefix_gives_the_tokens_of_a_fresh_sequence() {
-    let pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    // The target as its own assistant: every greedy draft is accepted, so the EOS below lands inside a block.
+    let pipe = pipeline("tiny-llama", Some("tiny-llama"));
     let first_prompt = pipe.encode(&Prompt::Text(PROMPTS[1].into()), true).unwrap();
     // Drawn by position, so that the text does not depend on which rounds drafted (the cost model times them).
     let sampled = GenerationOptions {
@@ -328,37 +329,58 @@ fn a_cached_prompt_prefix_gives_the_tokens_of_a_fresh_sequence() {
         (GenerationOptions { prompt_lookup_num_tokens: Some(3), ..Default::default() }, true),
         (GenerationOptions { num_assistant_tokens: Some(4), ..Default::default() }, true),
         (sampled, true),
+        // Suffix decoding's trees (its last block cut by the budget, past which nothing stays cached).
+        (GenerationOptions { suffix_max_depth: Some(8), ..Default::default() }, true),
         (GenerationOptions { assistant_early_exit: Some(2), ..Default::default() }, false),
     ] {
         let mut options = greedy(24);
         options.merge(&spec);
-        let method = (spec == GenerationOptions::default()).then_some(MethodName::Plain);
+        // Drafts whatever the timings say (the cost model would size rounds by them).
+        options.cost_aware_drafting = Some(false);
+        let method = if spec == GenerationOptions::default() {
+            Some(MethodName::Plain)
+        } else {
+            spec.suffix_max_depth.map(|_| MethodName::Suffix)
+        };
         let fresh = CallOptions { method, ..CallOptions::new(options.clone()) };
-        let cached = CallOptions { cache_prompt: Some(true), ..fresh.clone() };
-        let mut warm = pipe.fork().unwrap();
-        let first = warm.call_ids(&first_prompt, &cached, None).unwrap();
-        assert_eq!(first.stats.cached_prompt_tokens, 0, "nothing cached before the first call ({spec:?})");
-        // The next turn: the whole first exchange, then the prompt's first tokens again (an n-gram to look up);
-        // then a prompt that leaves it at token 3.
-        let mut next = [first_prompt.clone(), first.tokens.clone()].concat();
-        next.extend_from_slice(&first_prompt[..3]);
-        let mut diverging = next[..3].to_vec();
-        diverging.extend([40, 41, 42, 43]);
-        for (prompt, expected_reuse) in [(&next, next.len() - 4), (&diverging, 3)] {
-            let again = warm.call_ids(prompt, &cached, None).unwrap();
-            let alone = pipe.fork().unwrap().call_ids(prompt, &fresh, None).unwrap();
-            assert_eq!(again.tokens, alone.tokens, "{spec:?}, prompt of {} tokens", prompt.len());
-            let reuse = if reused { expected_reuse } else { 0 };
-            assert_eq!(again.stats.cached_prompt_tokens, reuse, "{spec:?}, prompt of {} tokens", prompt.len());
-            assert_eq!(alone.stats.cached_prompt_tokens, 0);
-            if spec.num_assistant_tokens.is_some() || (spec.prompt_lookup_num_tokens.is_some() && prompt == &next) {
-                assert!(again.stats.drafted > 0, "drafts were proposed ({spec:?})");
+        // The first call ends at an EOS inside the output (past which nothing may stay cached).
+        let unstopped = pipe.fork().unwrap().call_ids(&first_prompt, &fresh, None).unwrap();
+        for at in [6, 7, 8] {
+            let eos = unstopped.tokens[at];
+            let mut options = options.clone();
+            options.eos_token_id = Some(vec![eos]);
+            let fresh = CallOptions { generation: options, ..fresh.clone() };
+            let cached = CallOptions { cache_prompt: Some(true), ..fresh.clone() };
+            let mut warm = pipe.fork().unwrap();
+            let first = warm.call_ids(&first_prompt, &cached, None).unwrap();
+            assert_eq!(first.tokens.last(), Some(&eos), "{spec:?}");
+            assert_eq!(first.stats.cached_prompt_tokens, 0, "nothing cached before the first call ({spec:?})");
+            let total = first_prompt.len() + first.tokens.len();
+            let kept = warm.target.model.cache_len();
+            assert!(kept + 1 >= total && kept <= total, "{kept} positions cached for {total} tokens ({spec:?})");
+            // The next turn: the whole first exchange, then the prompt's first tokens again (an n-gram to look
+            // up); then a prompt that leaves it at token 3.
+            let mut next = [first_prompt.clone(), first.tokens.clone()].concat();
+            next.extend_from_slice(&first_prompt[..3]);
+            let mut diverging = next[..3].to_vec();
+            diverging.extend([40, 41, 42, 43]);
+            for (prompt, expected_reuse) in [(&next, kept), (&diverging, 3)] {
+                let again = warm.call_ids(prompt, &cached, None).unwrap();
+                let alone = pipe.fork().unwrap().call_ids(prompt, &fresh, None).unwrap();
+                assert_eq!(again.tokens, alone.tokens, "{spec:?}, prompt of {} tokens", prompt.len());
+                let reuse = if reused { expected_reuse } else { 0 };
+                assert_eq!(again.stats.cached_prompt_tokens, reuse, "{spec:?}, prompt of {} tokens", prompt.len());
+                assert_eq!(alone.stats.cached_prompt_tokens, 0);
+                let looks_up = spec.prompt_lookup_num_tokens.is_some() || spec.suffix_max_depth.is_some();
+                if spec.num_assistant_tokens.is_some() || (looks_up && prompt == &next) {
+                    assert!(again.stats.drafted > 0, "drafts were proposed ({spec:?})");
+                }
+                // Back to the first exchange's state for the second prompt.
+                warm = pipe.fork().unwrap();
+                warm.call_ids(&first_prompt, &cached, None).unwrap();
             }
-            // Back to the first exchange's state for the second prompt.
-            warm = pipe.fork().unwrap();
-            warm.call_ids(&first_prompt, &cached, None).unwrap();
+            let off = warm.call_ids(&next, &fresh, None).unwrap();
+            assert_eq!(off.stats.cached_prompt_tokens, 0, "reused without cache_prompt ({spec:?})");
         }
-        let off = warm.call_ids(&next, &fresh, None).unwrap();
-        assert_eq!(off.stats.cached_prompt_tokens, 0, "reused without cache_prompt ({spec:?})");
     }
 }
