@@ -51,11 +51,8 @@ pub struct BenchArgs {
     /// Spec-Bench mode: only these categories (comma-separated).
     #[arg(long, value_delimiter = ',')]
     categories: Vec<String>,
-    /// Spec-Bench mode: methods compared with plain decoding (`<method>_tree`: with tree drafts, see the
-    /// `--speculative-*` flags): prompt_lookup, suffix, auto, assistant_model (universal assisted decoding when
-    /// the assistant's tokenizer differs), early_exit (needs --assistant-early-exit), mtp. Suffix decoding reads
-    /// each answer's own prompt and output only: a cache of earlier answers would hold the repetitions' own.
-    #[arg(long, value_delimiter = ',', default_value = "prompt_lookup")]
+    // The help names the registry's methods, so that it lists a new one without an edit here.
+    #[arg(long, value_delimiter = ',', default_value = "prompt_lookup", help = methods_help())]
     methods: Vec<String>,
     /// Spec-Bench mode: new tokens per answer.
     #[arg(long, default_value_t = 128)]
@@ -252,6 +249,17 @@ struct Summary {
     #[serde(skip)]
     after_own_prefill: f64,
     identical_to_plain: usize,
+}
+
+/// `--methods`' help, with the registry's method names.
+fn methods_help() -> String {
+    format!(
+        "Spec-Bench mode: methods compared with plain decoding, of {} (`<method>_tree`: with tree drafts, see the \
+         `--speculative-*` flags). assistant_model runs universal assisted decoding when the assistant's tokenizer \
+         differs; early_exit needs --assistant-early-exit. Suffix decoding reads each answer's own prompt and \
+         output only: a cache of earlier answers would hold the repetitions' own.",
+        augur::speculation::registry::METHODS.as_str()
+    )
 }
 
 /// A method's call: named, so that the flags of the other methods (and the attached assistant) leave it alone.
@@ -511,6 +519,19 @@ mod tests {
         match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}")).command {
             Command::Bench(a) => a,
             _ => unreachable!(),
+        }
+    }
+
+    /// `--methods`' help names every method of the registry.
+    #[test]
+    fn the_methods_help_names_every_registered_method() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let bench = cli.find_subcommand_mut("bench").expect("bench");
+        let arg = bench.get_arguments().find(|a| a.get_id() == "methods").expect("--methods");
+        let help = arg.get_help().expect("help").to_string();
+        for m in augur::speculation::registry::REGISTRY {
+            assert!(help.contains(m.name), "--methods' help lacks {}: {help}", m.name);
         }
     }
 
