@@ -20,6 +20,46 @@ pub struct Features {
     pub amx_int8: bool,
 }
 
+/// The instruction set the quantized products run on, chosen from the CPU's features: one choice for every
+/// family of blocks (32-element and K types alike), so that one name says which kernels a machine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F, BW and VNNI with F16C, and AVX2 with FMA: 16 weight rows per register.
+    Avx512Vnni,
+    /// AVX2, FMA and F16C: 8 weight rows per register.
+    Avx2,
+    /// Neither: the portable kernels.
+    Portable,
+}
+
+impl Isa {
+    /// The best this CPU runs.
+    pub fn detect() -> Self {
+        let f = features();
+        if f.avx2_fma_f16c && f.avx512_vnni {
+            Isa::Avx512Vnni
+        } else if f.avx2_fma_f16c {
+            Isa::Avx2
+        } else {
+            Isa::Portable
+        }
+    }
+
+    /// Whether it is one of the vector sets (the interleaved layouts' tiles).
+    pub fn is_simd(self) -> bool {
+        self != Isa::Portable
+    }
+
+    /// Every vector set this CPU runs, best first (the tests compare them).
+    pub fn simd_here() -> Vec<Self> {
+        match Self::detect() {
+            Isa::Avx512Vnni => vec![Isa::Avx512Vnni, Isa::Avx2],
+            Isa::Avx2 => vec![Isa::Avx2],
+            Isa::Portable => Vec::new(),
+        }
+    }
+}
+
 /// This machine's features (detected on the first call).
 pub fn features() -> Features {
     static FEATURES: OnceLock<Features> = OnceLock::new();

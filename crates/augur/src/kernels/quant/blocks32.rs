@@ -25,6 +25,7 @@ use super::{
     SharedKernel, AVX2_TILE, GROUP, GROUP_TILE,
 };
 use crate::error::{Error, Result};
+use crate::kernels::cpu::Isa;
 use crate::kernels::parallel::{for_each_chunk, SharedOut};
 
 const QK: usize = 32;
@@ -156,7 +157,7 @@ impl SharedKernel for BlockMatrix {
         assert_eq!(self.layout, Layout::Interleaved, "group tiles of a {:?} {:?} weight", self.layout, self.kind);
         let (kind, nb) = (self.kind, self.k / QK);
         #[cfg(target_arch = "x86_64")]
-        if Simd::detect() == Simd::Avx2 {
+        if Isa::detect() == Isa::Avx2 {
             return GroupTiles {
                 data: &self.data,
                 n: self.n,
@@ -218,7 +219,7 @@ impl BlockMatrix {
 
     /// `Some` for the block types this machine has a kernel for, in the fastest layout it can run.
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
-        let layout = if Simd::detect().interleaves() { Layout::Interleaved } else { Layout::Rows };
+        let layout = if Isa::detect().is_simd() { Layout::Interleaved } else { Layout::Rows };
         Self::with_layout(q, layout)
     }
 
@@ -229,7 +230,7 @@ impl BlockMatrix {
         let (n, k) = q.shape().dims2()?;
         let runnable = match layout {
             Layout::Rows => true,
-            Layout::Interleaved => Simd::detect().interleaves(),
+            Layout::Interleaved => Isa::detect().is_simd(),
         };
         if k % QK != 0 || !runnable {
             return Ok(None);
@@ -254,7 +255,7 @@ impl BlockMatrix {
     /// a time: the tensor is never held twice while it is regrouped.
     pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
         let Some(kind) = BlockKind::of(dtype) else { return Ok(None) };
-        if !k.is_multiple_of(QK) || !Simd::detect().interleaves() {
+        if !k.is_multiple_of(QK) || !Isa::detect().is_simd() {
             return Ok(None);
         }
         let data = interleave(kind, n, k, read)?;
@@ -369,7 +370,7 @@ impl Q8Rows {
         // The blocks of all rows are consecutive in `x`: sixteen at a time, then one at a time, with AVX-512
         // where it was detected (the same bits as the scalar code, which AVX2 machines run).
         #[cfg(target_arch = "x86_64")]
-        let simd = Simd::detect() == Simd::Avx512;
+        let simd = Isa::detect() == Isa::Avx512Vnni;
         #[cfg(target_arch = "x86_64")]
         let batched = if simd { blocks / 16 * 16 } else { 0 };
         #[cfg(target_arch = "x86_64")]
@@ -431,32 +432,6 @@ fn quantize_block(x: &[f32]) -> Q8Block {
     let mut qs = [0i8; QK];
     let (d, s, isum) = quantize_block_scalar(x, &mut qs);
     Q8Block { qs, d, s, isum }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Simd {
-    /// AVX-512 F/BW/VNNI, which implies the AVX2 set too.
-    Avx512,
-    Avx2,
-    Scalar,
-}
-
-impl Simd {
-    /// Whether this machine runs the interleaved layout's tiles.
-    fn interleaves(self) -> bool {
-        self != Simd::Scalar
-    }
-
-    fn detect() -> Self {
-        let f = crate::kernels::cpu::features();
-        if f.avx2_fma_f16c && f.avx512_vnni {
-            Simd::Avx512
-        } else if f.avx2_fma_f16c {
-            Simd::Avx2
-        } else {
-            Simd::Scalar
-        }
-    }
 }
 
 /// The weight block's held integers (see [`BlockKind`]), its scale, and its offset: `m` (Q4_1), else
@@ -1038,7 +1013,7 @@ pub(super) mod tests {
     fn variants() -> Vec<(GgmlDType, Layout)> {
         let kinds = [GgmlDType::Q4_0, GgmlDType::Q4_1, GgmlDType::Q5_0, GgmlDType::Q8_0];
         let mut v: Vec<_> = kinds.iter().map(|&kind| (kind, Layout::Rows)).collect();
-        if Simd::detect().interleaves() {
+        if Isa::detect().is_simd() {
             v.extend(kinds.iter().map(|&kind| (kind, Layout::Interleaved)));
         }
         v
@@ -1047,7 +1022,7 @@ pub(super) mod tests {
     /// The vectorized activation quantization gives the scalar one's bits, ties (x.5 after scaling) included.
     #[test]
     fn simd_quantization_matches_scalar() {
-        if Simd::detect() != Simd::Avx512 {
+        if Isa::detect() != Isa::Avx512Vnni {
             return;
         }
         let mut blocks: Vec<Vec<f32>> =
@@ -1092,7 +1067,7 @@ pub(super) mod tests {
     /// row count and a row count that is not a multiple of 16; weights that differ in type are refused.
     #[test]
     fn shared_products_match_their_own() {
-        if !Simd::detect().interleaves() {
+        if !Isa::detect().is_simd() {
             return;
         }
         let k = 96;
@@ -1122,7 +1097,7 @@ pub(super) mod tests {
     #[test]
     fn tile_rows_match_vnni_rows() {
         use std::sync::atomic::Ordering;
-        if Simd::detect() != Simd::Avx512 {
+        if Isa::detect() != Isa::Avx512Vnni {
             return;
         }
         let tiles = crate::kernels::amx::tested_here("tile_rows_match_vnni_rows");
@@ -1155,7 +1130,7 @@ pub(super) mod tests {
     /// The gated product gives the bits of the gate and up products followed by `silu_mul`.
     #[test]
     fn silu_gated_matches_products_then_silu() {
-        if !Simd::detect().interleaves() {
+        if !Isa::detect().is_simd() {
             return;
         }
         let (n, k) = (64, 128);
@@ -1200,7 +1175,7 @@ pub(super) mod tests {
     /// an AVX-512 and an AVX2 machine decode the same text.
     #[test]
     fn interleaved_tiles_give_the_reference_bits() {
-        if !Simd::detect().interleaves() {
+        if !Isa::detect().is_simd() {
             eprintln!("interleaved_tiles_give_the_reference_bits: NOT RUN, this CPU has neither AVX2 nor AVX-512");
             return;
         }

@@ -23,6 +23,7 @@ use super::{
     SharedKernel, AVX2_TILE, GROUP, GROUP_TILE,
 };
 use crate::error::{Error, Result};
+use crate::kernels::cpu::Isa;
 
 /// Elements per super-block.
 const QK_K: usize = 256;
@@ -82,37 +83,6 @@ const Q6K_SCALES: usize = 2048 + 1024;
 /// Q6_K: `d`, `[16]` f16.
 const Q6K_D: usize = 2048 + 1024 + 256;
 
-/// The instruction set a [`SuperBlockMatrix`] runs on, chosen once per process from the CPU's features.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    /// AVX-512 F, BW and VNNI with F16C: 16 weight rows per register, AMX tiles where granted.
-    Avx512Vnni,
-    /// AVX2, FMA and F16C: 8 weight rows per register.
-    Avx2,
-}
-
-impl Isa {
-    /// The best this CPU runs, if any.
-    pub fn detect() -> Option<Self> {
-        if avx512::available() {
-            Some(Isa::Avx512Vnni)
-        } else if avx2::available() {
-            Some(Isa::Avx2)
-        } else {
-            None
-        }
-    }
-
-    /// Every instruction set this CPU runs (the tests compare them).
-    #[cfg(test)]
-    fn all_here() -> Vec<Self> {
-        [(Isa::Avx512Vnni, avx512::available()), (Isa::Avx2, avx2::available())]
-            .into_iter()
-            .filter_map(|(isa, here)| here.then_some(isa))
-            .collect()
-    }
-}
-
 /// A Q4_K or Q6_K weight `[n, k]`, regrouped for the VNNI and AVX2 kernels.
 #[derive(Debug)]
 pub struct SuperBlockMatrix {
@@ -127,14 +97,14 @@ impl SuperBlockMatrix {
     /// `Some` for Q4_K and Q6_K on machines with AVX-512 (F, BW, VNNI) or AVX2 (with FMA), and F16C.
     pub fn from_qtensor(q: &QTensor) -> Result<Option<Self>> {
         match Isa::detect() {
-            Some(isa) => Self::from_qtensor_on(q, isa),
-            None => Ok(None),
+            Isa::Portable => Ok(None),
+            isa => Self::from_qtensor_on(q, isa),
         }
     }
 
-    /// As [`Self::from_qtensor`] on `isa`, which the caller has checked the CPU runs.
+    /// As [`Self::from_qtensor`] on `isa`, one of [`Isa::simd_here`] (the unsafe tiles rest on it).
     fn from_qtensor_on(q: &QTensor, isa: Isa) -> Result<Option<Self>> {
-        let Some(kind) = KKind::of(q.dtype()) else { return Ok(None) };
+        let Some(kind) = KKind::of(q.dtype()).filter(|_| isa.is_simd()) else { return Ok(None) };
         let (n, k) = q.shape().dims2()?;
         if !k.is_multiple_of(QK_K) {
             return Ok(None);
@@ -156,7 +126,10 @@ impl SuperBlockMatrix {
     /// regrouped.
     pub fn from_stored(dtype: GgmlDType, n: usize, k: usize, read: &mut RowReader) -> Result<Option<Self>> {
         let Some(kind) = KKind::of(dtype) else { return Ok(None) };
-        let Some(isa) = Isa::detect() else { return Ok(None) };
+        let isa = Isa::detect();
+        if !isa.is_simd() {
+            return Ok(None);
+        }
         if !k.is_multiple_of(QK_K) {
             return Ok(None);
         }
@@ -215,7 +188,7 @@ impl SharedKernel for SuperBlockMatrix {
                 rows: AVX2_TILE,
                 amx: None,
                 tile: Box::new(move |w, r0, rows, at, stride| {
-                    // SAFETY: an `Isa::Avx2` matrix is only built where `avx2::available()`; the tile reads whole
+                    // SAFETY: an `Isa::Avx2` matrix is only built where `Isa::simd_here` lists it; the tile reads whole
                     // super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches for
                     // `rows` (at most `AVX2_TILE`), `at` and `stride`.
                     unsafe { avx2::tile_fn(kind, rows)(w, act, r0, at, stride) }
@@ -239,7 +212,7 @@ impl SharedKernel for SuperBlockMatrix {
             rows: GROUP_TILE,
             amx,
             tile: Box::new(move |w, r0, rows, at, stride| {
-                // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `avx512::available()`; the tile reads
+                // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `Isa::simd_here` lists it; the tile reads
                 // whole super-blocks of `w` and checks the activation rows; `GroupTiles::run`'s caller vouches
                 // for `rows`, `at` and `stride`.
                 unsafe { avx512::tile_fn(kind, rows)(w, act, r0, at, stride) }
@@ -375,10 +348,10 @@ impl Q8KRows {
         };
         for (src, dst) in x.chunks_exact(QK_K).zip(rows.qs.chunks_exact_mut(QK_K)) {
             let (d, sums) = match isa {
-                // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `avx512::available()`; `src` and
+                // SAFETY: an `Isa::Avx512Vnni` matrix is only built where `Isa::simd_here` lists it; `src` and
                 // `dst` are one super-block each (`chunks_exact`).
                 Isa::Avx512Vnni => unsafe { avx512::quantize_superblock(src, dst) },
-                Isa::Avx2 => quantize_superblock_portable(src, dst),
+                Isa::Avx2 | Isa::Portable => quantize_superblock_portable(src, dst),
             };
             rows.d.push(d);
             for p in sums.chunks_exact(4) {
@@ -430,10 +403,6 @@ mod avx512 {
     };
     use crate::kernels::amx::{pipelined, Tiles, ROWS};
     use crate::kernels::quant::{GroupInts, GROUP_TILE};
-
-    pub fn available() -> bool {
-        crate::kernels::cpu::features().avx512_vnni
-    }
 
     /// [`super::quantize_superblock_portable`] with 512-bit registers: the same operations per element (rounding
     /// half away from zero as `f32::round`), so the same bits.
@@ -819,10 +788,6 @@ mod avx2 {
         QK_K,
     };
 
-    pub fn available() -> bool {
-        crate::kernels::cpu::features().avx2_fma_f16c
-    }
-
     /// A `q4k_tile` or `q6k_tile` instance for `R` rows: `tile(w, act, r0, out, stride)`.
     ///
     /// Calling one is safe when the CPU supports AVX2, FMA and F16C, and `out` is valid for writes of
@@ -1101,7 +1066,7 @@ mod tests {
     #[test]
     fn simd_quantization_matches_scalar_and_candle() {
         use candle_core::quantized::k_quants::{BlockQ8K, GgmlType};
-        if !avx512::available() {
+        if Isa::detect() != Isa::Avx512Vnni {
             return;
         }
         let mut blocks: Vec<Vec<f32>> =
@@ -1150,7 +1115,7 @@ mod tests {
     /// multiple of the group, so the padding is covered, and 6 activation rows take two tiles.
     #[test]
     fn matches_candle_kernel() {
-        for isa in Isa::all_here() {
+        for isa in Isa::simd_here() {
             for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
                 let (n, k, m) = (70, 512, 6);
                 let q = weights(kind, n, k);
@@ -1204,8 +1169,8 @@ mod tests {
     /// an AVX2 machine decode the same text.
     #[test]
     fn every_isa_gives_the_reference_bits() {
-        let isas = Isa::all_here();
-        assert!(!isas.is_empty() || Isa::detect().is_none(), "detection and the list of instruction sets agree");
+        let isas = Isa::simd_here();
+        assert!(!isas.is_empty() || !Isa::detect().is_simd(), "detection and the list of instruction sets agree");
         for isa in isas {
             for kind in [GgmlDType::Q4K, GgmlDType::Q6K] {
                 let (n, k) = (40, 3 * QK_K);
@@ -1238,7 +1203,7 @@ mod tests {
     #[test]
     fn shared_products_match_their_own() {
         use crate::kernels::quant::{blocks32::BlockMatrix, matmul_shared, matmul_silu_gated};
-        for isa in Isa::all_here() {
+        for isa in Isa::simd_here() {
             let k = 512;
             let matrix = |kind, n| SuperBlockMatrix::from_qtensor_on(&weights(kind, n, k), isa).unwrap().unwrap();
             let (q4, q6, up) = (matrix(GgmlDType::Q4K, 48), matrix(GgmlDType::Q6K, 70), matrix(GgmlDType::Q6K, 48));
@@ -1262,7 +1227,7 @@ mod tests {
     fn tile_rows_match_vnni_rows() {
         use crate::kernels::quant::{matmul_shared, matmul_silu_gated};
         use std::sync::atomic::Ordering;
-        if !avx512::available() {
+        if Isa::detect() != Isa::Avx512Vnni {
             return;
         }
         let tiles = crate::kernels::amx::tested_here("tile_rows_match_vnni_rows (K types)");
@@ -1291,7 +1256,7 @@ mod tests {
     /// A row's result does not depend on the other rows in the block.
     #[test]
     fn rows_are_independent() {
-        for (isa, kind) in Isa::all_here().into_iter().flat_map(|isa| [(isa, GgmlDType::Q4K), (isa, GgmlDType::Q6K)]) {
+        for (isa, kind) in Isa::simd_here().into_iter().flat_map(|isa| [(isa, GgmlDType::Q4K), (isa, GgmlDType::Q6K)]) {
             let (n, k, m) = (40, 768, 7);
             let sb = SuperBlockMatrix::from_qtensor_on(&weights(kind, n, k), isa).unwrap().unwrap();
             let x = input(m, k);
