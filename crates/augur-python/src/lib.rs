@@ -17,6 +17,7 @@ use augur::generation::output::TokenLogprob;
 use augur::io::resolve::resolve_model;
 use augur::models;
 use augur::pipeline::{self, Assistant, CallOptions, LoadedLm, Pipeline, Sinks};
+use augur::speculation::suffix_cache::{SuffixCache, SuffixCacheRef, DEFAULT_SUFFIX_CACHE_TOKENS};
 use augur::tokenizer::{ChatMessage, Tokenizer as EngineTokenizer};
 use augur::{Device, Error};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -169,6 +170,9 @@ struct Model {
     has_mtp: bool,
     /// The model's generation defaults (`generation_config.json`, or a GGUF's EOS id) as JSON.
     defaults: String,
+    /// Earlier outputs of this model, which suffix decoding drafts from across `generate` calls (as vLLM's
+    /// suffix method keeps one per engine); `suffix_global_cache=False` keeps a call out of it.
+    suffix_cache: Arc<SuffixCache>,
 }
 
 fn lock(weights: &Mutex<Option<Weights>>) -> MutexGuard<'_, Option<Weights>> {
@@ -227,7 +231,15 @@ impl Model {
             })
             .map_err(py_err)?;
         let tokenizer = tokenizer.map(|inner| Py::new(py, Tokenizer { inner, path: path.clone() })).transpose()?;
-        Ok(Model { weights: Arc::new(Mutex::new(Some(weights))), tokenizer, path, config, has_mtp, defaults })
+        Ok(Model {
+            weights: Arc::new(Mutex::new(Some(weights))),
+            tokenizer,
+            path,
+            config,
+            has_mtp,
+            defaults,
+            suffix_cache: Arc::new(SuffixCache::new(DEFAULT_SUFFIX_CACHE_TOKENS)),
+        })
     }
 
     /// Forwards of this model that ran in one batch with another sequence's (batched rows run so).
@@ -308,7 +320,11 @@ impl Model {
             assistant_tokenizer: assistant_tokenizer.map(|t| Arc::clone(&t.inner)),
             assistant_options,
             rows,
-            call: CallOptions { cancel: Some(Arc::clone(&cancel)), ..CallOptions::new(generation) },
+            call: CallOptions {
+                cancel: Some(Arc::clone(&cancel)),
+                suffix_cache: Some(SuffixCacheRef { cache: Arc::clone(&self.suffix_cache), owner: String::new() }),
+                ..CallOptions::new(generation)
+            },
         };
         let (tx, mut rx) = mpsc::channel::<Vec<u32>>();
         let streaming = on_tokens.is_some();

@@ -88,3 +88,23 @@ def test_quantization_on_load(tiny_tokenizer):
     assert len(out[0]) == len(ids) + 6
     with pytest.raises(ValueError, match="quantization"):
         augur.AutoModelForCausalLM.from_pretrained(fixture("tiny-llama"), quantization="q3")
+
+
+def test_suffix_decoding_drafts_from_the_models_earlier_outputs(tiny_tokenizer):
+    """Suffix decoding keeps one cache of earlier outputs per loaded model (as vLLM's suffix method keeps one per
+    engine): a repeated prompt drafts from the first call's output (the stats say where drafts came from), a call
+    with `suffix_global_cache=False` never does; the tokens are the same every time."""
+    model = augur.AutoModelForCausalLM.from_pretrained(fixture("tiny-llama"))
+    ids = tiny_tokenizer("a b c")["input_ids"]
+
+    def run(**kwargs):
+        out = model.generate(input_ids=[ids], max_new_tokens=24, eos_token_id=[], do_sample=False,
+                             suffix_max_depth=16, cost_aware_drafting=False, return_dict_in_generate=True, **kwargs)
+        return list(out.sequences[0]), out.stats[0].get("draft_sources", {})
+
+    first, first_sources = run()
+    alone, alone_sources = run(suffix_global_cache=False)
+    again, again_sources = run()
+    assert first_sources.get("cache", 0) == 0 and alone_sources.get("cache", 0) == 0, (first_sources, alone_sources)
+    assert again_sources.get("cache", 0) > 0, f"the repeat did not draft from the first output: {again_sources}"
+    assert first == alone == again
