@@ -667,8 +667,8 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        // OpenAI's: prompt tokens read from the cache of an earlier request instead of prefilled (the first
-        // choice's; the others fork from a fresh sequence).
+        // OpenAI's: prompt tokens read from the cache of an earlier request instead of prefilled, the first
+        // choice's (each choice runs on a sequence of its own, which may hold less of the prompt).
         "prompt_tokens_details": {"cached_tokens": outs.first().map_or(0, |o| o.stats.cached_prompt_tokens)},
         "speculation": {
             "method": outs.first().map(|o| o.stats.method.as_str()),
