@@ -5,7 +5,8 @@ N concurrent clients each send R completion requests (prompts from a file, one p
 greedy, with `ignore_eos` so every request generates exactly --max-tokens tokens. Reports aggregate throughput
 and p50/p99 request latency as one JSON line; with --stream the answers are streamed and the time to the first
 text (p50/p99) is reported too, and each request's decode rate after its first text (tokens after the first over
-the seconds from the first text to the last: the server's per-token cost, prefill apart; median over requests). Standard library only.
+the seconds from the first text to the last: the server's per-token cost, prefill apart; median over requests), beside the server's own decode rate where it
+reports llama-server's `timings`. Standard library only.
 
     python3 tools/bench/serve_load.py --url http://127.0.0.1:8080 --clients 4 --requests 8 --max-tokens 128 \
         [--speculation '{"method": "prompt_lookup", "prompt_lookup_num_tokens": 10}'] [--prompts FILE] [--chat] \
@@ -44,7 +45,7 @@ def main():
         with open(args.prompts) as f:
             prompts = [l.rstrip("\n") for l in f if l.strip()]
     path = "/v1/chat/completions" if args.chat else "/v1/completions"
-    latencies, first_text, tokens, errors, decode_rates = [], [], [], [], []
+    latencies, first_text, tokens, errors, decode_rates, engine_rates = [], [], [], [], [], []
     lock = threading.Lock()
 
     def client(c):
@@ -67,7 +68,7 @@ def main():
             )
             t0 = time.perf_counter()
             try:
-                first, last, used = None, None, None
+                first, last, used, timings = None, None, None, None
                 with urllib.request.urlopen(req, timeout=600) as resp:
                     if args.stream:
                         for line in resp:
@@ -82,8 +83,11 @@ def main():
                                     first = last
                             if event.get("usage"):
                                 used = event["usage"]["completion_tokens"]
+                            if event.get("timings"):
+                                timings = event["timings"]
                     else:
-                        used = json.loads(resp.read())["usage"]["completion_tokens"]
+                        whole = json.loads(resp.read())
+                        used, timings = whole["usage"]["completion_tokens"], whole.get("timings")
                 dt = time.perf_counter() - t0
                 with lock:
                     latencies.append(dt)
@@ -92,6 +96,8 @@ def main():
                         first_text.append(first)
                         if used and used > 1 and last > first:
                             decode_rates.append((used - 1) / (last - first))
+                    if timings and timings.get("predicted_per_second"):
+                        engine_rates.append(timings["predicted_per_second"])
             except Exception as e:  # noqa: BLE001 - counted and reported
                 with lock:
                     errors.append(str(e))
@@ -120,6 +126,11 @@ def main():
                 "ttft_p50_s": pick(0.5, ttft),
                 "ttft_p99_s": pick(0.99, ttft),
                 "decode_tokens_per_second_p50": round(statistics.median(decode_rates), 2) if decode_rates else None,
+                # The server's own decode rate (llama-server's `timings.predicted_per_second`, which augur gives
+                # too): against the one above, what the HTTP side costs per token.
+                "engine_decode_tokens_per_second_p50": (
+                    round(statistics.median(engine_rates), 2) if engine_rates else None
+                ),
                 "speculation": json.loads(args.speculation) if args.speculation else None,
             }
         )

@@ -228,6 +228,12 @@ fn endpoints_greedy_streaming_and_speculation() {
     assert_eq!(usage["choices"], json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], v["usage"]["completion_tokens"]);
     assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "length"));
+    // With llama-server's `timings`: the prompt's forward, then the 23 tokens decoded after it, and their rate.
+    let timings = &usage["timings"];
+    assert_eq!(timings["predicted_n"], 23, "{timings}");
+    let (ms, rate) = (timings["predicted_ms"].as_f64().unwrap(), timings["predicted_per_second"].as_f64().unwrap());
+    assert!(ms > 0.0 && (rate - 23e3 / ms).abs() < 1e-6 * rate, "{timings}");
+    assert_eq!(v["timings"]["predicted_n"], 23, "the whole response has them too");
 
     // Per-request speculation: prompt lookup proposes and keeps drafts on this repetitive prompt, with the
     // plain greedy text; "off" decodes plainly.
@@ -431,6 +437,7 @@ fn openai_fields_are_honoured() {
             again["id"] = s2["id"].clone();
             again["created"] = s2["created"].clone();
             again["usage"] = s2["usage"].clone();
+            again["timings"] = s2["timings"].clone();
             again
         },
         "seeded choices repeat"

@@ -689,6 +689,31 @@ pub fn usage(outs: &[GenerationOutput]) -> Value {
     })
 }
 
+/// llama-server's `timings` for the first choice (each choice runs on a sequence of its own, as for
+/// `cached_tokens`): `prompt` is the first forward (the prompt tokens not read from the cache, and the first new
+/// token), `predicted` the new tokens after it and the time after it, so that `predicted_per_second` is the
+/// engine's own decode rate, which a client can set against the rate at which the text reached it.
+pub fn timings(outs: &[GenerationOutput]) -> Value {
+    let Some(stats) = outs.first().map(|o| &o.stats) else { return Value::Null };
+    let prompt_n = stats.prompt_tokens.saturating_sub(stats.cached_prompt_tokens);
+    let predicted_n = stats.new_tokens.saturating_sub(1);
+    let (prompt_ms, predicted_ms) = (stats.prefill_seconds * 1e3, (stats.seconds - stats.prefill_seconds) * 1e3);
+    let per = |n: usize, ms: f64| if n > 0 { (ms / n as f64, n as f64 * 1e3 / ms) } else { (0.0, 0.0) };
+    let ((prompt_per_token_ms, prompt_per_second), (predicted_per_token_ms, predicted_per_second)) =
+        (per(prompt_n, prompt_ms), per(predicted_n, predicted_ms));
+    json!({
+        "cache_n": stats.cached_prompt_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_per_token_ms,
+        "prompt_per_second": prompt_per_second,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_per_token_ms,
+        "predicted_per_second": predicted_per_second,
+    })
+}
+
 /// Identity of one response (`id`, `created`, `model`).
 pub struct Meta {
     pub id: String,
@@ -767,6 +792,7 @@ pub fn response(meta: &Meta, chat: bool, choices: &[Choice<'_>], outs: &[Generat
         "model": meta.model,
         "choices": choices,
         "usage": usage(outs),
+        "timings": timings(outs),
     })
 }
 
@@ -803,7 +829,7 @@ pub fn chunk(
     })
 }
 
-/// The last chunk of a stream asked for `stream_options.include_usage`: no choices, the usage.
+/// The last chunk of a stream asked for `stream_options.include_usage`: no choices, the usage and the timings.
 pub fn usage_chunk(meta: &Meta, chat: bool, outs: &[GenerationOutput]) -> Value {
     json!({
         "id": meta.id,
@@ -812,6 +838,7 @@ pub fn usage_chunk(meta: &Meta, chat: bool, outs: &[GenerationOutput]) -> Value 
         "model": meta.model,
         "choices": [],
         "usage": usage(outs),
+        "timings": timings(outs),
     })
 }
 

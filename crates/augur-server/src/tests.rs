@@ -517,7 +517,14 @@ async fn a_repeated_prompt_reuses_the_cache_of_its_own_key_only() {
             let (status, reply) = call_as(&router, Some(key), "POST", "/v1/completions", &body.to_string()).await;
             assert_eq!(status, StatusCode::OK, "{reply}");
             let cached = reply["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
-            (reply["choices"][0]["text"].clone(), cached, reply["usage"]["prompt_tokens"].as_u64().unwrap())
+            let prompt = reply["usage"]["prompt_tokens"].as_u64().unwrap();
+            // llama-server's `timings` say the same: the cached tokens, and the rest prefilled.
+            let timings = &reply["timings"];
+            assert_eq!(
+                (timings["cache_n"].as_u64(), timings["prompt_n"].as_u64()),
+                (Some(cached), Some(prompt - cached))
+            );
+            (reply["choices"][0]["text"].clone(), cached, prompt)
         }
     };
     let (text, first, prompt) = ask("alpha", None).await;
