@@ -5,17 +5,29 @@
 //! gives glibc's results bit for bit (checked against `f32::exp` over a sweep of the whole range), so outputs do
 //! not move: with activations quantized to 8 bits, a one-ulp change can flip a near tie many layers later.
 
+use super::parallel::{for_each_chunk, SharedOut};
+
 /// Elements from which [`silu_mul`] splits its work over the pool: below, the hand-off costs more than half
 /// the work (SmolLM2's 1,536 per token stay on one core).
 const PARALLEL_FROM: usize = 2048;
+
+/// Elements per item of [`silu_mul`]'s split (a whole number of AVX-512 vectors).
+const UNIT: usize = 64;
 
 /// `up[i] = silu(gate[i]) · up[i]`. Each element is computed alone, so splitting the work changes no bits.
 pub fn silu_mul(gate: &[f32], up: &mut [f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up sizes");
     if up.len() >= PARALLEL_FROM {
-        use rayon::prelude::*;
-        let chunk = up.len().div_ceil(2 * rayon::current_num_threads()).next_multiple_of(64);
-        up.par_chunks_mut(chunk).zip(gate.par_chunks(chunk)).for_each(|(u, g)| silu_mul_here(g, u));
+        // On the products' pool, whose threads are awake between the products around this: a rayon region here
+        // would wake a sleeping rayon worker, which then contends with them for the cores.
+        let n = up.len();
+        let out = SharedOut::new(up);
+        for_each_chunk(n.div_ceil(UNIT), |units| {
+            let (start, end) = (units.start * UNIT, n.min(units.end * UNIT));
+            // SAFETY: the chunks' unit ranges are disjoint, so each element is written by one task only.
+            let u = unsafe { out.slice(start, end - start) };
+            silu_mul_here(&gate[start..end], u);
+        });
     } else {
         silu_mul_here(gate, up);
     }
@@ -157,18 +169,21 @@ mod tests {
         }
     }
 
-    /// The vectorized pass gives candle's bits, tail included.
+    /// The vectorized pass gives candle's bits, tail included, on one thread (1,003 elements) and split over
+    /// the pool (5,003: past `PARALLEL_FROM`, and not a whole number of units).
     #[test]
     fn silu_mul_is_candles() {
         use candle_core::{Device, Tensor};
-        let gate: Vec<f32> = (0..1003).map(|i| (i as f32 - 500.0) * 0.37 + (i % 7) as f32 * 1e-3).collect();
-        let up: Vec<f32> = (0..1003).map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.25).collect();
-        let mut ours = up.clone();
-        silu_mul(&gate, &mut ours);
-        let t = |v: &[f32]| Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap();
-        let want = (candle_nn::ops::silu(&t(&gate)).unwrap() * t(&up)).unwrap().to_vec1::<f32>().unwrap();
-        for ((o, w), g) in ours.iter().zip(&want).zip(&gate) {
-            assert_eq!(o.to_bits(), w.to_bits(), "silu({g}): {o} against {w}");
+        for n in [1003, PARALLEL_FROM + 2955] {
+            let gate: Vec<f32> = (0..n).map(|i| (i as f32 - 500.0) * 0.37 + (i % 7) as f32 * 1e-3).collect();
+            let up: Vec<f32> = (0..n).map(|i| ((i * 13 % 29) as f32 - 14.0) * 0.25).collect();
+            let mut ours = up.clone();
+            silu_mul(&gate, &mut ours);
+            let t = |v: &[f32]| Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap();
+            let want = (candle_nn::ops::silu(&t(&gate)).unwrap() * t(&up)).unwrap().to_vec1::<f32>().unwrap();
+            for ((o, w), g) in ours.iter().zip(&want).zip(&gate) {
+                assert_eq!(o.to_bits(), w.to_bits(), "silu({g}) of {n}: {o} against {w}");
+            }
         }
     }
 }
