@@ -72,13 +72,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--reps must be at least 1");
     }
     crate::set_threads(args.threads)?;
-    let mut pipe = crate::ui::load_pipeline(args.model.as_deref(), &args.load)?;
     let result = match &args.prompts {
         Some(p) => {
-            pipe = args.speculation.attach_assistant(pipe, &args.load)?;
+            let mut pipe = crate::ui::load_pipeline(&args.speculation.load_spec(args.model.as_deref(), &args.load))?;
             spec_bench(&mut pipe, &args, p)?
         }
-        None => speed(&mut pipe, &args)?,
+        None => {
+            if args.speculation.assistant_model.is_some() {
+                bail!("--assistant-model is read in Spec-Bench mode (--prompts); speed mode measures the target alone");
+            }
+            speed(&mut crate::ui::load_pipeline(&args.load.spec(args.model.as_deref()))?, &args)?
+        }
     };
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&result)?)
@@ -255,7 +259,7 @@ struct Summary {
 fn methods_help() -> String {
     format!(
         "Spec-Bench mode: methods compared with plain decoding, of {} (`<method>_tree`: with tree drafts, see the \
-         `--speculative-*` flags). assistant_model runs universal assisted decoding when the assistant's tokenizer \
+         `--speculative-*` flags; `<method>_full_head`: the assistant drafting from its whole LM head). assistant_model runs universal assisted decoding when the assistant's tokenizer \
          differs; early_exit needs --assistant-early-exit. Suffix decoding reads each answer's own prompt and \
          output only: a cache of earlier answers would hold the repetitions' own.",
         augur::speculation::registry::METHODS.as_str()
@@ -270,6 +274,12 @@ fn method_options(args: &BenchArgs, method: &str) -> Result<CallOptions> {
         do_sample: Some(false),
         cost_aware_drafting: spec.cost_aware_drafting,
         ..Default::default()
+    };
+    // `<method>_full_head` drafts from the assistant's whole LM head (`draft_vocab_size` 0), beside the same
+    // method on its reduced draft vocabulary.
+    let (method, full_head) = match method.strip_suffix("_full_head") {
+        Some(m) => (m, true),
+        None => (method, false),
     };
     // `<method>_tree` is the method with tree drafts (`--speculative-eagle-topk`, 3 unless given); the method's
     // own name drafts chains whatever the tree flags say.
@@ -290,6 +300,16 @@ fn method_options(args: &BenchArgs, method: &str) -> Result<CallOptions> {
     };
     let mut o = name.own_options(&spec.options())?;
     o.merge(&base);
+    if full_head {
+        let reads_head = name.method().is_some_and(|m| m.each_knob().any(|k| k.name == "draft_vocab_size"));
+        if !reads_head {
+            bail!("--methods: {name} drafts from no assistant's head, so it has no _full_head form");
+        }
+        if spec.draft_vocab_size.is_some() {
+            bail!("--methods: {name}_full_head drafts from the whole head, which --draft-vocab-size contradicts");
+        }
+        o.draft_vocab_size = Some(0);
+    }
     if tree {
         o.speculative_eagle_topk = Some(spec.speculative_eagle_topk.unwrap_or(3));
     } else {
@@ -533,6 +553,20 @@ mod tests {
         for m in augur::speculation::registry::REGISTRY {
             assert!(help.contains(m.name), "--methods' help lacks {}: {help}", m.name);
         }
+    }
+
+    #[test]
+    fn a_full_head_variant_drafts_from_the_whole_head_and_only_for_an_assistant() {
+        let a = args(&["--methods=assistant_model_full_head,assistant_model", "--assistant-model=a"]);
+        let full = method_options(&a, "assistant_model_full_head").unwrap();
+        let assistant = "assistant_model".parse::<MethodName>().unwrap();
+        assert_eq!((full.method, full.generation.draft_vocab_size), (Some(assistant), Some(0)));
+        assert_eq!(method_options(&a, "assistant_model").unwrap().generation.draft_vocab_size, None);
+        assert_eq!(method_options(&a, "auto_full_head").unwrap().generation.draft_vocab_size, Some(0));
+        let lookup = method_options(&a, "prompt_lookup_full_head").unwrap_err();
+        assert!(lookup.to_string().contains("no _full_head form"), "{lookup}");
+        let both = args(&["--assistant-model=a", "--draft-vocab-size=100"]);
+        assert!(method_options(&both, "assistant_model_full_head").is_err());
     }
 
     #[test]

@@ -81,8 +81,7 @@ fn acceptance(drafted: usize, accepted: usize) -> String {
 
 pub fn run(args: ChatArgs) -> Result<()> {
     crate::set_threads(args.threads)?;
-    let pipe = crate::ui::load_pipeline(args.model.as_deref(), &args.load)?;
-    let mut pipe = args.speculation.attach_assistant(pipe, &args.load)?;
+    let mut pipe = crate::ui::load_pipeline(&args.speculation.load_spec(args.model.as_deref(), &args.load))?;
     if pipe.target.tokenizer.chat_template().is_none() {
         anyhow::bail!("this model has no chat template: use `augur generate` for plain text");
     }

@@ -181,8 +181,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
     } else {
         Prompt::Text(text)
     };
-    let mut pipe =
-        args.speculation.attach_assistant(ui::load_pipeline(args.model.as_deref(), &args.load)?, &args.load)?;
+    let mut pipe = ui::load_pipeline(&args.speculation.load_spec(args.model.as_deref(), &args.load))?;
     let call = CallOptions {
         return_full_text: Some(false),
         method: args.speculation.method(&pipe)?,
@@ -234,7 +233,8 @@ fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 fn info(model: Option<String>) -> Result<()> {
-    let (path, lm) = ui::load_model(model.as_deref(), &ui::LoadArgs::default())?;
+    let pipe = ui::load_pipeline(&ui::LoadArgs::default().spec(model.as_deref()))?;
+    let (lm, path) = (&pipe.target, &pipe.target.path);
     let c = lm.config();
     let quant: Vec<String> = lm.weights.dtypes.iter().map(|(d, n)| format!("{d}×{n}")).collect();
     println!("model:          {}", path.display());

@@ -159,8 +159,5 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         suffix_cache_tokens: args.suffix_cache_tokens,
     };
     let (model, speculation, load) = (args.model, args.speculation, args.load);
-    augur_server::serve(
-        move || speculation.attach_assistant(crate::ui::load_pipeline(model.as_deref(), &load)?, &load),
-        config,
-    )
+    augur_server::serve(move || crate::ui::load_pipeline(&speculation.load_spec(model.as_deref(), &load)), config)
 }

@@ -164,17 +164,13 @@ impl SpeculationArgs {
         Ok(pipe.default_method(self.named()?, &self.options()))
     }
 
-    /// Attaches `--assistant-model` (and its `--assistant-tokenizer`) to the pipeline, when given.
-    pub fn attach_assistant(&self, mut pipe: Pipeline, load: &crate::ui::LoadArgs) -> Result<Pipeline> {
-        if let Some(a) = &self.assistant_model {
-            let path = crate::ui::resolve(Some(a))?.to_string_lossy().into_owned();
-            let opts = load.options();
-            pipe = crate::ui::while_loading("loading the assistant", || pipe.with_assistant_loaded_with(&path, &opts))?;
-            if let Some(t) = &self.assistant_tokenizer {
-                pipe = pipe.with_assistant_tokenizer(t)?;
-            }
+    /// What to load: `model` under `load`'s flags, with `--assistant-model` (and its `--assistant-tokenizer`).
+    pub fn load_spec(&self, model: Option<&str>, load: &crate::ui::LoadArgs) -> augur::pipeline::LoadSpec {
+        augur::pipeline::LoadSpec {
+            assistant: self.assistant_model.clone(),
+            assistant_tokenizer: self.assistant_tokenizer.clone(),
+            ..load.spec(model)
         }
-        Ok(pipe)
     }
 }
 

@@ -1,22 +1,21 @@
-//! What the CLI shows while it waits: a progress bar for a pull and a spinner for a slow model load on a
-//! terminal, plain lines (pulls) or nothing (loads) when stderr is a file or a pipe.
+//! What the CLI shows while it waits: a progress bar for a pull and a spinner for a model load on a terminal,
+//! plain lines (pulls) or nothing (loads) when stderr is a file or a pipe.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
 use anyhow::Result;
 use augur::io::catalogue::Model;
 use augur::io::pull::{PlainProgress, Progress};
 use augur::models::{LoadOptions, QuantizeOnLoad};
-use augur::pipeline::{LoadedLm, Pipeline};
+use augur::pipeline::{LoadSpec, Pipeline};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// A pull's progress as an indicatif bar: bytes, speed and time left, with the current step as its message.
 #[derive(Default)]
 struct BarProgress {
     bar: Option<ProgressBar>,
+    spinner: Option<ProgressBar>,
 }
 
 impl Progress for BarProgress {
@@ -49,6 +48,17 @@ impl Progress for BarProgress {
         }
         eprintln!("augur: {}: {message}", model.name);
     }
+    fn loading(&mut self, what: &str) {
+        let spinner = ProgressBar::new_spinner();
+        spinner.set_message(format!("loading {what}"));
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        self.spinner = Some(spinner);
+    }
+    fn loaded(&mut self) {
+        if let Some(spinner) = self.spinner.take() {
+            spinner.finish_and_clear();
+        }
+    }
 }
 
 /// The progress reporter for pulls: a bar on a terminal, plain lines otherwise.
@@ -58,34 +68,6 @@ pub fn progress() -> Box<dyn Progress> {
     } else {
         Box::new(PlainProgress::default())
     }
-}
-
-/// `--model` as a local path, pulling a missing catalogue model with progress.
-pub fn resolve(spec: Option<&str>) -> Result<PathBuf> {
-    Ok(augur::io::resolve::resolve_model_with(spec, progress().as_mut())?)
-}
-
-/// Runs `f`, showing a spinner labelled `what` on a terminal once it has taken more than a second.
-pub fn while_loading<T>(what: &str, f: impl FnOnce() -> T) -> T {
-    if !std::io::stderr().is_terminal() {
-        return f();
-    }
-    let (done, wait) = mpsc::channel::<()>();
-    let label = what.to_string();
-    let spinner = std::thread::spawn(move || {
-        if wait.recv_timeout(Duration::from_secs(1)) != Err(RecvTimeoutError::Timeout) {
-            return;
-        }
-        let bar = ProgressBar::new_spinner();
-        bar.set_message(label);
-        bar.enable_steady_tick(Duration::from_millis(100));
-        let _ = wait.recv();
-        bar.finish_and_clear();
-    });
-    let out = f();
-    drop(done);
-    let _ = spinner.join();
-    out
 }
 
 /// How the models load, beside `--model`.
@@ -102,25 +84,17 @@ fn parse_quantize(name: &str) -> std::result::Result<QuantizeOnLoad, String> {
 }
 
 impl LoadArgs {
-    pub fn options(&self) -> LoadOptions {
-        LoadOptions { quantize: self.quantize, ..Default::default() }
+    /// `model` (`--model`) loaded under these flags, with no assistant.
+    pub fn spec(&self, model: Option<&str>) -> LoadSpec {
+        let options = LoadOptions { quantize: self.quantize, ..Default::default() };
+        LoadSpec { model: model.map(str::to_string), options, ..Default::default() }
     }
 }
 
-/// A model loaded from `--model` (pulled first when it is a missing catalogue model), with a spinner while it
-/// loads.
-pub fn load_model(spec: Option<&str>, load: &LoadArgs) -> Result<(PathBuf, LoadedLm)> {
-    let path = resolve(spec)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let opts = load.options();
-    let lm = while_loading(&format!("loading {name}"), || LoadedLm::load_with(&path, &augur::Device::Cpu, &opts))?;
-    Ok((path, lm))
-}
-
-/// The pipeline over `--model`.
-pub fn load_pipeline(spec: Option<&str>, load: &LoadArgs) -> Result<Pipeline> {
-    let (_, target) = load_model(spec, load)?;
-    Ok(Pipeline { target, assistant: None, defaults: Default::default() })
+/// The pipeline over `spec`, as `--model` and the speculation flags name it: a missing catalogue model is pulled
+/// with a progress bar, and a spinner turns while a model loads (on a terminal).
+pub fn load_pipeline(spec: &LoadSpec) -> Result<Pipeline> {
+    Ok(Pipeline::load_reporting(spec, progress().as_mut())?)
 }
 
 /// What the summary line says of a lossy load, if the weights were quantized at load.

@@ -19,7 +19,7 @@ use augur::models;
 use augur::pipeline::{self, Assistant, CallOptions, LoadedLm, Pipeline, Sinks};
 use augur::speculation::suffix_cache::{SuffixCache, SuffixCacheRef, DEFAULT_SUFFIX_CACHE_TOKENS};
 use augur::tokenizer::{ChatMessage, Tokenizer as EngineTokenizer};
-use augur::{Device, Error};
+use augur::Error;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -224,7 +224,7 @@ impl Model {
                     return Ok((weights, tokenizer, path, config, false, "{}".to_string()));
                 }
                 let opts = models::LoadOptions { quantize, ..Default::default() };
-                let lm = LoadedLm::load_with(&path, &Device::Cpu, &opts)?;
+                let lm = LoadedLm::load(&path, &opts)?;
                 let defaults = serde_json::to_string(&lm.defaults).map_err(|e| Error::Generation(e.to_string()))?;
                 let (tokenizer, config, has_mtp) = (Arc::clone(&lm.tokenizer), lm.config().clone(), lm.mtp.is_some());
                 Ok((Weights::Lm(lm), Some(tokenizer), path, config, has_mtp, defaults))
@@ -506,10 +506,11 @@ fn take_assistant(slot: &mut Option<Weights>, target_tokenizer: &Arc<EngineToken
         None => Err(lost()),
         Some(Weights::Lm(lm)) => Ok(Assistant::Lm(lm)),
         Some(Weights::Gemma4Assistant { loaded: Some(a), .. }) => Ok(a),
-        Some(Weights::Gemma4Assistant { path, loaded: None }) => Assistant::load(&path, &Device::Cpu, target_tokenizer)
-            .inspect_err(|_| {
+        Some(Weights::Gemma4Assistant { path, loaded: None }) => {
+            Assistant::load(&path, &Default::default(), target_tokenizer).inspect_err(|_| {
                 *slot = Some(Weights::Gemma4Assistant { path: path.clone(), loaded: None });
-            }),
+            })
+        }
     }
 }
 

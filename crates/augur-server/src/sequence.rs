@@ -120,7 +120,7 @@ pub(crate) fn sequence(
                 text: Some(&mut text_sink),
                 tokens: if streamed_logprobs { Some(&mut block_sink) } else { None },
             };
-            pipe.call_with(&job.req.prompt, &job.call_for(index), sinks)
+            pipe.call_encoded_with(&job.req.prompt, &job.prompt_ids, &job.call_for(index), sinks)
         };
         let rest = pending.take();
         if !rest.is_empty() {

@@ -27,7 +27,7 @@ fn fixture(name: &str) -> std::path::PathBuf {
 }
 
 fn load(dir: &std::path::Path) -> Pipeline {
-    let target = augur::pipeline::LoadedLm::load(dir, &augur::Device::Cpu).unwrap();
+    let target = augur::pipeline::LoadedLm::load(dir, &Default::default()).unwrap();
     Pipeline { target, assistant: None, defaults: GenerationOptions::default() }
 }
 
@@ -376,7 +376,7 @@ async fn the_context_is_never_exceeded_with_speculation_on() {
     let mut pipe = tiny();
     let assistant = fixture("tiny-llama-assistant");
     pipe.assistant =
-        Some(augur::pipeline::Assistant::load(&assistant, &augur::Device::Cpu, &pipe.target.tokenizer).unwrap());
+        Some(augur::pipeline::Assistant::load(&assistant, &Default::default(), &pipe.target.tokenizer).unwrap());
     let context = pipe.target.config().max_position_embeddings;
     let (prompt, n) = long_prompt(&pipe.target.tokenizer, context - 40);
     let router = serving(pipe, &ServeConfig::default());
@@ -404,7 +404,7 @@ async fn the_context_is_never_exceeded_with_speculation_on() {
 async fn an_assistant_with_a_shorter_context_falls_back_to_plain() {
     let short = edited("tiny-llama-assistant", "short", "config.json", |c| c["max_position_embeddings"] = json!(300));
     let mut pipe = tiny();
-    let assistant = augur::pipeline::Assistant::load(&short, &augur::Device::Cpu, &pipe.target.tokenizer).unwrap();
+    let assistant = augur::pipeline::Assistant::load(&short, &Default::default(), &pipe.target.tokenizer).unwrap();
     assert_eq!(assistant.config().max_position_embeddings, 300);
     pipe.assistant = Some(assistant);
     let (prompt, n) = long_prompt(&pipe.target.tokenizer, 280);

@@ -18,7 +18,6 @@ use augur::models::{ForwardOptions, HeadSubset, LogitRows};
 use augur::pipeline::LoadedLm;
 use augur::speculation::draft_vocab;
 use augur::tokenizer::ChatMessage;
-use augur::Device;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -26,7 +25,7 @@ fn main() -> anyhow::Result<()> {
         bail!("usage: draft_head MODEL.gguf QUESTIONS.jsonl CATEGORY REPS STEPS HEAD...")
     };
     let (reps, steps): (usize, usize) = (reps.parse()?, steps.parse()?);
-    let mut lm = LoadedLm::load(model.as_ref(), &Device::Cpu)?;
+    let mut lm = LoadedLm::load(model.as_ref(), &Default::default())?;
     let vocab = lm.config().vocab_size;
     let question = std::fs::read_to_string(questions)?
         .lines()

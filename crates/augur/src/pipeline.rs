@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::generation::config::{GenerationConfig, GenerationOptions};
 use crate::generation::decode;
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats, TokenSink};
-use crate::io::resolve::resolve_model;
+use crate::io::pull::{PlainProgress, Progress};
+use crate::io::resolve::resolve_model_with;
 use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
@@ -50,25 +51,15 @@ pub struct LoadedLm {
 }
 
 impl LoadedLm {
-    /// Loads a GGUF file or a Hugging Face model directory, with its tokenizer.
-    pub fn load(path: &Path, device: &Device) -> Result<Self> {
-        Self::load_with(path, device, &models::LoadOptions::default())
-    }
-
-    pub fn load_with(path: &Path, device: &Device, opts: &models::LoadOptions) -> Result<Self> {
-        Self::load_sharing(path, device, opts, None)
+    /// Loads a GGUF file or a Hugging Face model directory, with its tokenizer, under `opts`.
+    pub fn load(path: &Path, opts: &models::LoadOptions) -> Result<Self> {
+        Self::load_sharing(path, opts, None)
     }
 
     /// Loads a model; a Hugging Face directory without a tokenizer takes `shared` (a Gemma 4 assistant, which
     /// works in its target's vocabulary).
-    fn load_sharing(
-        path: &Path,
-        device: &Device,
-        opts: &models::LoadOptions,
-        shared: Option<&Arc<Tokenizer>>,
-    ) -> Result<Self> {
-        let (loaded, gguf_tokenizer) =
-            models::load_reading_gguf(path, device, opts, |m| Tokenizer::from_gguf(m, path))?;
+    fn load_sharing(path: &Path, opts: &models::LoadOptions, shared: Option<&Arc<Tokenizer>>) -> Result<Self> {
+        let (loaded, gguf_tokenizer) = models::load(path, &Device::Cpu, opts, |m| Tokenizer::from_gguf(m, path))?;
         let cfg = loaded.model.config().clone();
         let (tokenizer, mut defaults) = match gguf_tokenizer {
             Some(tokenizer) => (Arc::new(tokenizer), GenerationOptions::default()),
@@ -171,22 +162,20 @@ pub struct LoadedGemma4Assistant {
 }
 
 impl Assistant {
-    /// Loads the assistant at `path`; a Hugging Face directory without a tokenizer takes `shared` (the target's).
-    pub fn load(path: &Path, device: &Device, shared: &Arc<Tokenizer>) -> Result<Self> {
-        Self::load_with(path, device, &models::LoadOptions::default(), shared)
-    }
-
-    /// [`Self::load`] under `opts` (a causal LM's; Gemma 4's assistant takes none).
-    pub fn load_with(
-        path: &Path,
-        device: &Device,
-        opts: &models::LoadOptions,
-        shared: &Arc<Tokenizer>,
-    ) -> Result<Self> {
+    /// Loads the assistant at `path` under `opts` (a causal LM's; Gemma 4's assistant takes none); a Hugging
+    /// Face directory without a tokenizer takes `shared` (the target's).
+    pub fn load(path: &Path, opts: &models::LoadOptions, shared: &Arc<Tokenizer>) -> Result<Self> {
         if !models::is_gemma4_assistant(path)? {
-            return Ok(Assistant::Lm(LoadedLm::load_sharing(path, device, opts, Some(shared))?));
+            return Ok(Assistant::Lm(LoadedLm::load_sharing(path, opts, Some(shared))?));
         }
-        let model = Arc::new(models::load_gemma4_assistant(path, device)?);
+        if let Some(q) = opts.quantize {
+            return Err(Error::InvalidOption(format!(
+                "{}: Gemma 4's assistant is not quantized at load ({} asked for)",
+                path.display(),
+                q.name()
+            )));
+        }
+        let model = Arc::new(models::load_gemma4_assistant(path, &Device::Cpu)?);
         let gc = path.join("generation_config.json");
         let defaults = if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
         let tokenizer =
@@ -311,16 +300,46 @@ pub struct Pipeline {
     pub defaults: GenerationOptions,
 }
 
+/// What [`Pipeline::load`] loads: the target and, optionally, its assistant, each a GGUF file, a Hugging Face
+/// model directory, a catalogue name (pulled when missing) or a repo id in the local Hugging Face cache.
+#[derive(Debug, Clone, Default)]
+pub struct LoadSpec {
+    /// `None`: the default model.
+    pub model: Option<String>,
+    /// A model that drafts for the target: a causal LM (its tokenizer the target's or not) or Gemma 4's
+    /// assistant.
+    pub assistant: Option<String>,
+    /// The assistant's tokenizer, for an assistant stored without one: a `tokenizer.json` file, a directory
+    /// holding one, or a GGUF file.
+    pub assistant_tokenizer: Option<PathBuf>,
+    /// How the weights load, the assistant's too.
+    pub options: models::LoadOptions,
+}
+
 impl Pipeline {
-    /// `model`: a GGUF file, a model directory, a Hugging Face repo id in the local cache, or `None` for the
-    /// default model (fetched when missing).
-    pub fn load(model: Option<&str>) -> Result<Self> {
-        let path = resolve_model(model)?;
-        Ok(Self {
-            target: LoadedLm::load(&path, &Device::Cpu)?,
-            assistant: None,
-            defaults: GenerationOptions::default(),
-        })
+    /// Loads what `spec` names, pulling a missing catalogue model with progress as plain lines on stderr.
+    pub fn load(spec: &LoadSpec) -> Result<Self> {
+        Self::load_reporting(spec, &mut PlainProgress::default())
+    }
+
+    /// [`Self::load`], reporting pulls and loads to `progress`: the one way from names to a loaded pipeline.
+    pub fn load_reporting(spec: &LoadSpec, progress: &mut dyn Progress) -> Result<Self> {
+        let path = resolve_model_with(spec.model.as_deref(), progress)?;
+        progress.loading(&file_name(&path));
+        let target = LoadedLm::load(&path, &spec.options);
+        progress.loaded();
+        let mut pipe = Self { target: target?, assistant: None, defaults: GenerationOptions::default() };
+        if let Some(name) = &spec.assistant {
+            let path = resolve_model_with(Some(name), progress)?;
+            progress.loading(&format!("the assistant {}", file_name(&path)));
+            let assistant = Assistant::load(&path, &spec.options, &pipe.target.tokenizer);
+            progress.loaded();
+            pipe.assistant = Some(assistant?);
+        }
+        if let Some(path) = &spec.assistant_tokenizer {
+            pipe.replace_assistant_tokenizer(Arc::new(load_tokenizer(path)?))?;
+        }
+        Ok(pipe)
     }
 
     /// Another pipeline over the same weights, with empty caches: one per concurrent sequence.
@@ -330,25 +349,6 @@ impl Pipeline {
             assistant: self.assistant.as_ref().map(Assistant::fork).transpose()?,
             defaults: self.defaults.clone(),
         })
-    }
-
-    /// Adds an assistant model that drafts for the target. Its tokenizer must match the target's.
-    pub fn with_assistant(self, assistant: &str) -> Result<Self> {
-        self.with_assistant_loaded_with(assistant, &models::LoadOptions::default())
-    }
-
-    /// [`Self::with_assistant`], the assistant loaded under `opts`.
-    pub fn with_assistant_loaded_with(mut self, assistant: &str, opts: &models::LoadOptions) -> Result<Self> {
-        let path = resolve_model(Some(assistant))?;
-        self.assistant = Some(Assistant::load_with(&path, &Device::Cpu, opts, &self.target.tokenizer)?);
-        Ok(self)
-    }
-
-    /// Replaces the assistant's tokenizer, for an assistant whose tokenizer is not stored with it: a
-    /// `tokenizer.json` file, or a directory holding one.
-    pub fn with_assistant_tokenizer(mut self, path: &Path) -> Result<Self> {
-        self.replace_assistant_tokenizer(Arc::new(load_tokenizer(path)?))?;
-        Ok(self)
     }
 
     /// The prompt's token ids as Transformers' pipeline would build them: a chat is rendered with the template
@@ -419,8 +419,21 @@ impl Pipeline {
 
     /// [`Pipeline::call`] with both sinks (see [`Pipeline::call_ids_with`]).
     pub fn call_with(&mut self, prompt: &Prompt, options: &CallOptions, sinks: Sinks<'_>) -> Result<GenerationOutput> {
-        let Sinks { text: mut sink, tokens } = sinks;
         let ids = self.encode(prompt, options.add_special_tokens.unwrap_or(true))?;
+        self.call_encoded_with(prompt, &ids, options, sinks)
+    }
+
+    /// [`Pipeline::call_with`] on `prompt` already encoded to `ids` by [`Pipeline::encode`] under the same
+    /// `add_special_tokens`: for a caller that needed the ids first (the server counts and checks them), so that
+    /// the prompt is not tokenized twice.
+    pub fn call_encoded_with(
+        &mut self,
+        prompt: &Prompt,
+        ids: &[u32],
+        options: &CallOptions,
+        sinks: Sinks<'_>,
+    ) -> Result<GenerationOutput> {
+        let Sinks { text: mut sink, tokens } = sinks;
         let prefix = match prompt {
             Prompt::Text(t) if options.return_full_text.unwrap_or(true) => t.as_str(),
             _ => "",
@@ -428,7 +441,7 @@ impl Pipeline {
         if let Some(s) = sink.as_mut().filter(|_| !prefix.is_empty()) {
             s(prefix);
         }
-        let mut out = self.run(&ids, options, Sinks { text: sink, tokens })?;
+        let mut out = self.run(ids, options, Sinks { text: sink, tokens })?;
         out.text.insert_str(0, prefix);
         Ok(out)
     }
@@ -641,4 +654,9 @@ pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
         reason: e.to_string(),
     })?;
     Tokenizer::from_parts(inner, &serde_json::Value::Null, &serde_json::Value::Null, None, path)
+}
+
+/// A path's last component, as a progress line names a model.
+fn file_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
 }

@@ -131,8 +131,9 @@ fn batched_equal_alone(what: &str, lm: &dyn CausalLm) {
 }
 
 fn load(path: &Path, dequantize: bool) -> Box<dyn CausalLm> {
-    augur::models::load_with(path, &Device::Cpu, &LoadOptions { dequantize, ..Default::default() })
+    augur::models::load(path, &Device::Cpu, &LoadOptions { dequantize, ..Default::default() }, |_| Ok(()))
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .0
         .model
 }
 

@@ -11,7 +11,6 @@ use augur::pipeline::Assistant;
 use augur::speculation::draft_vocab::{self, SHIPPED};
 use augur::speculation::methods::AssistantModel;
 use augur::speculation::Drafter;
-use augur::Device;
 use common::*;
 
 fn reduced(n: usize, tokens: usize) -> GenerationOptions {
@@ -46,7 +45,7 @@ fn greedy_with_a_reduced_draft_vocabulary_is_plain_greedy() {
 fn the_set_holds_the_prompt_and_eos_and_drafts_stay_inside() {
     let mut target = load(&fixtures().join("tiny-llama"), false);
     let path = fixtures().join("tiny-llama-assistant");
-    let mut a = Assistant::load(&path, &Device::Cpu, &target.tokenizer).unwrap();
+    let mut a = Assistant::load(&path, &Default::default(), &target.tokenizer).unwrap();
     let a = a.lm_mut().unwrap();
     let vocab = a.config().vocab_size;
     // Ids past the first 16 (the fixture's tokenizer has no table: its first ids are the frequent part).

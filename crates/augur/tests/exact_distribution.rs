@@ -30,7 +30,6 @@ use augur::speculation::methods::{
 use augur::speculation::verify::{self, Block, TreeBlock, TreeVerdict, Verdict, Verifier};
 use augur::speculation::{draft_vocab, speculative};
 use augur::speculation::{Draft, Drafter};
-use augur::Device;
 use common::exact::{self, Distribution, Histogram};
 use common::*;
 
@@ -198,8 +197,9 @@ struct Models {
 impl Models {
     fn load(case: &Case) -> Self {
         let target = load(&fixtures().join(case.target), false);
-        let assistant =
-            case.assistant.map(|a| Assistant::load(&fixtures().join(a), &Device::Cpu, &target.tokenizer).unwrap());
+        let assistant = case
+            .assistant
+            .map(|a| Assistant::load(&fixtures().join(a), &Default::default(), &target.tokenizer).unwrap());
         Models { target, assistant }
     }
 }

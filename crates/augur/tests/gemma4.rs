@@ -230,7 +230,7 @@ fn assisted_greedy_is_lossless() {
 #[test]
 fn assistant_alone_or_with_another_target_is_a_clear_error() {
     let path = fixtures().join("tiny-gemma4-assistant");
-    let Err(e) = augur::pipeline::LoadedLm::load(&path, &augur::Device::Cpu) else {
+    let Err(e) = augur::pipeline::LoadedLm::load(&path, &Default::default()) else {
         panic!("the assistant loaded as a model that runs on tokens alone")
     };
     assert!(e.to_string().contains("Gemma 4 target"), "{e}");

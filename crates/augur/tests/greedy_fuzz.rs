@@ -214,7 +214,7 @@ impl Pipelines {
         self.0.entry((target, assistant)).or_insert_with(|| {
             let path = |name: &str| if name == SMOLLM2 { real_model(name) } else { fixtures().join(name) };
             let t = load(&path(target), false);
-            let a = assistant.map(|a| Assistant::load(&path(a), &augur::Device::Cpu, &t.tokenizer).unwrap());
+            let a = assistant.map(|a| Assistant::load(&path(a), &Default::default(), &t.tokenizer).unwrap());
             Pipeline { target: t, assistant: a, defaults: GenerationOptions::default() }
         })
     }

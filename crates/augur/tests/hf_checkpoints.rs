@@ -36,7 +36,7 @@ fn fixture_as(name: &str, dtype: DType) -> PathBuf {
 }
 
 fn load(path: &Path, opts: LoadOptions) -> LoadedLm {
-    LoadedLm::load_with(path, &Device::Cpu, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    LoadedLm::load(path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Greedy tokens of `path` loaded under `opts` after each of two prompts.
@@ -108,8 +108,7 @@ fn quantize_on_load_takes_float_checkpoints_only() {
     assert!(err.contains("q3") && err.contains("q8_0, q4_k"), "{err}");
     let gguf = common::real_model("SmolLM2-135M-Instruct.Q4_1.gguf");
     let opts = LoadOptions { quantize: Some(QuantizeOnLoad::Q8_0), ..Default::default() };
-    let err =
-        LoadedLm::load_with(&gguf, &Device::Cpu, &opts).err().expect("a GGUF file refuses --quantize").to_string();
+    let err = LoadedLm::load(&gguf, &opts).err().expect("a GGUF file refuses --quantize").to_string();
     assert!(err.contains("GGUF") && err.contains("q8_0"), "{err}");
 }
 
@@ -179,7 +178,7 @@ fn a_bf16_checkpoint_holds_no_more_than_its_file() {
         let dequantize = std::env::var("AUGUR_RSS_DEQUANTIZE").is_ok();
         let before = peak_rss();
         let opts = LoadOptions { dequantize, ..Default::default() };
-        let mut model = augur::models::load_with(Path::new(&dir), &Device::Cpu, &opts).unwrap().model;
+        let mut model = augur::models::load(Path::new(&dir), &Device::Cpu, &opts, |_| Ok(())).unwrap().0.model;
         let forward = augur::models::ForwardOptions::logits(augur::models::LogitRows::Last(1));
         for token in [1u32, 2, 3, 4] {
             model.forward(&[token], &forward).unwrap();

@@ -56,7 +56,7 @@ fn reduced_draft_vocabulary_on_the_real_model() {
     }
     lm.model.truncate(0);
 
-    let assistant = Assistant::load(&real_model(FILE), &augur::Device::Cpu, &lm.tokenizer).unwrap();
+    let assistant = Assistant::load(&real_model(FILE), &Default::default(), &lm.tokenizer).unwrap();
     let mut pipe = Pipeline { target: lm, assistant: None, defaults: GenerationOptions::default() };
     let prompt = pipe.target.tokenizer.encode("import numpy as np\n\ndef softmax(x):\n", false).unwrap();
     let base = GenerationOptions { max_new_tokens: Some(32), eos_token_id: Some(vec![]), ..Default::default() };

@@ -26,6 +26,10 @@ pub trait Progress {
     fn position(&mut self, bytes: u64);
     /// The pull ended with `model` in place.
     fn finish(&mut self, model: &Model, message: &str);
+    /// A model in place starts loading (`what` names it); nothing shown unless a reporter shows it.
+    fn loading(&mut self, _what: &str) {}
+    /// The load that [`Self::loading`] announced ended, loaded or not.
+    fn loaded(&mut self) {}
 }
 
 /// Progress as plain lines on stderr: one per step, and the bytes every quarter of the file.

@@ -197,18 +197,10 @@ pub fn load_gemma4_assistant(path: &Path, device: &Device) -> Result<gemma4_assi
     gemma4_assistant::load(cfg, &w)
 }
 
-/// Loads a GGUF file or a Hugging Face model directory.
-pub fn load(path: &Path, device: &Device) -> Result<LoadedModel> {
-    load_with(path, device, &LoadOptions::default())
-}
-
-pub fn load_with(path: &Path, device: &Device, opts: &LoadOptions) -> Result<LoadedModel> {
-    load_reading_gguf(path, device, opts, |_| Ok(())).map(|(model, _)| model)
-}
-
-/// As [`load_with`], and for a GGUF file also `read(metadata)` (the tokenizer lives there), before any tensor
-/// is loaded: the metadata is dropped before the weights arrive, so it does not add to peak memory.
-pub fn load_reading_gguf<T>(
+/// Loads a GGUF file or a Hugging Face model directory; for a GGUF file also `read(metadata)` (the tokenizer
+/// lives there), before any tensor is loaded: the metadata is dropped before the weights arrive, so it does not
+/// add to peak memory.
+pub fn load<T>(
     path: &Path,
     device: &Device,
     opts: &LoadOptions,

@@ -49,7 +49,7 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// The error that loading `path` gives (a panic if it loads).
 pub fn load_err(path: &std::path::Path) -> String {
-    match augur::models::load(path, &augur::Device::Cpu) {
+    match augur::models::load(path, &augur::Device::Cpu, &LoadOptions::default(), |_| Ok(())) {
         Ok(_) => panic!("{} loaded", path.display()),
         Err(e) => e.to_string(),
     }
@@ -60,7 +60,7 @@ pub fn ids(v: &Value) -> Vec<u32> {
 }
 
 pub fn load(path: &std::path::Path, dequantize: bool) -> LoadedLm {
-    LoadedLm::load_with(path, &augur::Device::Cpu, &LoadOptions { dequantize, ..Default::default() })
+    LoadedLm::load(path, &LoadOptions { dequantize, ..Default::default() })
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -68,7 +68,7 @@ pub fn pipeline(target: &str, assistant: Option<&str>) -> Pipeline {
     let t = load(&fixtures().join(target), false);
     let a = assistant.map(|a| {
         let path = fixtures().join(a);
-        Assistant::load(&path, &augur::Device::Cpu, &t.tokenizer).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        Assistant::load(&path, &Default::default(), &t.tokenizer).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     });
     Pipeline { target: t, assistant: a, defaults: GenerationOptions::default() }
 }

@@ -61,7 +61,7 @@ mod tests {
     fn a_registered_method_is_named_built_and_run_losslessly() {
         assert!(METHODS.contains("dummy"), "{}", *METHODS);
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-llama");
-        let target = LoadedLm::load(&dir, &crate::Device::Cpu).unwrap();
+        let target = LoadedLm::load(&dir, &Default::default()).unwrap();
         let mut pipe = Pipeline { target, assistant: None, defaults: GenerationOptions::default() };
         let options = GenerationOptions {
             max_new_tokens: Some(24),
