@@ -563,7 +563,7 @@ impl Pipeline {
             suffix_cache: call.suffix_cache.clone(),
         };
         let mut drafter = factory::build(choice, &cfg, ids.len(), target.model.config(), parts, call.backoff.as_ref())?;
-        let reuse = if drafter.as_ref().is_some_and(|d| d.reads_target_prefill()) { 0 } else { reuse };
+        let reuse = if drafter.as_ref().is_some_and(|d| d.reads_target().prefill) { 0 } else { reuse };
         target.model.truncate(reuse);
         stats.cached_prompt_tokens = reuse;
         let result = match drafter.as_deref_mut() {

@@ -238,8 +238,8 @@ impl Drafter for RawQ<'_> {
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> augur::Result<()> {
         self.inner.observe(context, proposed, accepted)
     }
-    fn wants_target_hidden(&self) -> bool {
-        self.inner.wants_target_hidden()
+    fn reads_target(&self) -> augur::speculation::TargetReads {
+        self.inner.reads_target()
     }
     fn target_hidden(&mut self, hidden: &augur::Tensor, rows: usize) -> augur::Result<()> {
         self.inner.target_hidden(hidden, rows)

@@ -75,8 +75,8 @@ impl<D: Drafter> Drafter for Recording<D> {
     fn observe(&mut self, context: &[u32], proposed: usize, accepted: usize) -> augur::Result<()> {
         self.inner.observe(context, proposed, accepted)
     }
-    fn wants_target_hidden(&self) -> bool {
-        self.inner.wants_target_hidden()
+    fn reads_target(&self) -> augur::speculation::TargetReads {
+        self.inner.reads_target()
     }
     fn target_hidden(&mut self, hidden: &augur::Tensor, accepted_rows: usize) -> augur::Result<()> {
         self.inner.target_hidden(hidden, accepted_rows)

@@ -77,8 +77,8 @@ impl Drafter for Recording<'_> {
         }
         self.inner.observe(context, proposed, accepted)
     }
-    fn wants_target_hidden(&self) -> bool {
-        self.inner.wants_target_hidden()
+    fn reads_target(&self) -> augur::speculation::TargetReads {
+        self.inner.reads_target()
     }
     fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> augur::Result<()> {
         self.inner.target_hidden(hidden, accepted_rows)

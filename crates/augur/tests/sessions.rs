@@ -384,3 +384,41 @@ fn a_cached_prompt_prefix_gives_the_tokens_of_a_fresh_sequence() {
         }
     }
 }
+
+/// The server wraps a running sequence's drafter in its back-off; the wrapper reports what the drafter it wraps
+/// reads of the target, so early exit, which runs the prompt through the target's own layers, still prefills
+/// the whole prompt under it (before, the wrapper hid that, and such a call reused the cached prefix).
+#[test]
+fn a_backed_off_early_exit_prefills_the_whole_prompt() {
+    let pipe = pipeline("tiny-llama", None);
+    let prompt = pipe.encode(&Prompt::Text(PROMPTS[3].into()), true).unwrap();
+    let options = GenerationOptions { assistant_early_exit: Some(2), cost_aware_drafting: Some(false), ..greedy(16) };
+    let idle = BackoffPolicy { running: Arc::new(AtomicUsize::new(1)), max_load: 8 };
+    let call = CallOptions { cache_prompt: Some(true), backoff: Some(idle), ..CallOptions::new(options) };
+    let mut warm = pipe.fork().unwrap();
+    let first = warm.call_ids(&prompt, &call, None).unwrap();
+    let next = [prompt.clone(), first.tokens.clone()].concat();
+    let again = warm.call_ids(&next, &call, None).unwrap();
+    assert_eq!(again.stats.method, "early_exit");
+    assert!(again.stats.drafted > 0, "early exit drafted under the back-off");
+    assert_eq!(again.stats.cached_prompt_tokens, 0, "early exit reused a cached prefix");
+    let alone = pipe.fork().unwrap().call_ids(&next, &call, None).unwrap();
+    assert_eq!(again.tokens, alone.tokens);
+}
+
+/// `auto` with an assistant that shares the target's tokenizer drafts from it, and its output is plain greedy
+/// output. (Before, the assistant's first draft, its probe, had to promise the 5% over a plain step that only
+/// a measured draft can promise, so `auto` never drafted from the assistant.)
+#[test]
+fn auto_drafts_from_the_assistant() {
+    let pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let prompt = pipe.encode(&Prompt::Text(PROMPTS[1].into()), true).unwrap();
+    let plain = CallOptions { method: Some(MethodName::Plain), ..CallOptions::new(greedy(64)) };
+    let auto = CallOptions { method: Some(MethodName::Auto), ..CallOptions::new(greedy(64)) };
+    let want = pipe.fork().unwrap().call_ids(&prompt, &plain, None).unwrap();
+    let got = pipe.fork().unwrap().call_ids(&prompt, &auto, None).unwrap();
+    assert_eq!(got.stats.method, "auto");
+    let assistant_rounds = got.stats.draft_sources.get("assistant").copied().unwrap_or(0);
+    assert!(assistant_rounds > 0, "no round drafted from the assistant: {:?}", got.stats.draft_sources);
+    assert_eq!(got.tokens, want.tokens);
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::drafter::{Draft, Drafter};
+use super::drafter::{Draft, Drafter, TargetReads};
 use crate::error::Result;
 use crate::generation::output::GenerationStats;
 use crate::models::CausalLm;
@@ -56,8 +56,8 @@ impl Drafter for Backoff<'_> {
         self.inner.observe(context, proposed, accepted)
     }
 
-    fn wants_target_hidden(&self) -> bool {
-        self.inner.wants_target_hidden()
+    fn reads_target(&self) -> TargetReads {
+        self.inner.reads_target()
     }
 
     fn plans_rounds(&self) -> bool {

@@ -82,6 +82,29 @@ impl Draft {
     }
 }
 
+/// The one seam for drafters built on the target's internals: what they read of it besides the tokens it
+/// verified. The loop hands over the hidden rows ([`Drafter::target_hidden`]); the target's shared KV and its
+/// embeddings a drafter reads in [`Drafter::propose`] through [`CausalLm::kv_sharing`]; early layers through
+/// [`crate::models::ForwardOptions::exit_layer`] forwards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetReads {
+    /// The final hidden states of every verification forward (MTP, Gemma 4's assistant). Such a drafter must
+    /// draft every round to keep up with them, so the cost model leaves it uncapped.
+    pub hidden_states: bool,
+    /// The target's states of the whole prompt (its hidden rows, its KV, its early layers): a call must prefill
+    /// all of the prompt rather than reuse a cached prefix.
+    pub prefill: bool,
+}
+
+impl TargetReads {
+    /// Only the verified tokens: every model-free drafter and every assistant with a model of its own.
+    pub const NOTHING: Self = Self { hidden_states: false, prefill: false };
+    /// Every forward's hidden rows, the prompt's included.
+    pub const HIDDEN_STATES: Self = Self { hidden_states: true, prefill: true };
+    /// The prompt's states only (early exit's layers).
+    pub const PREFILL: Self = Self { hidden_states: false, prefill: true };
+}
+
 /// Proposes candidate tokens for the target to verify.
 pub trait Drafter {
     /// The method's name as `--json` stats report it.
@@ -99,18 +122,13 @@ pub trait Drafter {
     }
     /// Adds what the drafter alone knows to the call's statistics, once the call is over.
     fn report(&self, _stats: &mut GenerationStats) {}
-    /// Whether the drafter needs the target's final hidden states from each verification forward (MTP, Gemma 4's
-    /// assistant).
-    fn wants_target_hidden(&self) -> bool {
-        false
-    }
-    /// Whether the drafter reads the target's states of the whole prompt (its hidden rows, its KV, its early
-    /// layers), so that a call must prefill all of it rather than reuse a cached prefix.
-    fn reads_target_prefill(&self) -> bool {
-        self.wants_target_hidden()
+    /// What the drafter reads of the target besides the verified tokens (see [`TargetReads`]); a drafter that
+    /// wraps another returns the other's.
+    fn reads_target(&self) -> TargetReads {
+        TargetReads::NOTHING
     }
     /// The verification forward's final hidden states `[fed, hidden]`, of which the first `accepted_rows` belong
-    /// to positions the target kept; called before [`Drafter::observe`] when [`Drafter::wants_target_hidden`].
+    /// to positions the target kept; called before [`Drafter::observe`] when [`TargetReads::hidden_states`].
     fn target_hidden(&mut self, _hidden: &Tensor, _accepted_rows: usize) -> Result<()> {
         Ok(())
     }

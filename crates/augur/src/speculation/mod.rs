@@ -17,4 +17,4 @@ pub mod suffix_cache;
 pub mod verify;
 
 pub use backoff::{Backoff, BackoffPolicy};
-pub use drafter::{Draft, Drafter, TreeShape};
+pub use drafter::{Draft, Drafter, TargetReads, TreeShape};

@@ -18,7 +18,7 @@ use crate::nn::TreeMask;
 
 /// Generates with `drafter` proposing and `target` verifying until the emitter finishes. The target's cache
 /// holds a prefix of the prompt (none, or one kept from an earlier call, unless the drafter
-/// [reads the target's prefill](Drafter::reads_target_prefill)).
+/// [reads the target's prefill](crate::speculation::drafter::TargetReads::prefill)).
 pub fn generate(
     target: &mut dyn CausalLm,
     drafter: &mut dyn Drafter,
@@ -49,7 +49,7 @@ pub fn generate_with(
     let mut sampler = Sampler::for_config(cfg);
     // Drafters that read the target's hidden states (MTP) must draft every round to keep up with them; they
     // cost one block and a head, so they are left uncapped.
-    let mut cost = if cfg.cost_aware() && !drafter.wants_target_hidden() && !drafter.plans_rounds() {
+    let mut cost = if cfg.cost_aware() && !drafter.reads_target().hidden_states && !drafter.plans_rounds() {
         Some(drafter.step_seconds()?.map_or_else(CostModel::new, CostModel::with_drafter_prefill))
     } else {
         None
@@ -111,7 +111,7 @@ pub fn generate_with(
         let mut feed = emitter.tokens()[cached..].to_vec();
         feed.extend_from_slice(drafts);
         let opts = ForwardOptions {
-            hidden_states: drafter.wants_target_hidden(),
+            hidden_states: drafter.reads_target().hidden_states,
             ..ForwardOptions::logits(LogitRows::Last(gamma + 1))
         };
         let out = target.forward(&feed, &opts)?;

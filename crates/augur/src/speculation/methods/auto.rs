@@ -7,8 +7,10 @@
 //! 1 + c·Σpᵢ tokens, c calibrating the counts' probabilities against what the target really kept in this call
 //! (an output seen once predicts its continuation with probability 1); an assistant draft of γ tokens yields
 //! (1 − α^(γ+1)) / (1 − α) at its measured acceptance α (Leviathan et al.). The round takes the best rate of
-//! the two, each at its best size, when it beats a plain step by [`MIN_GAIN`]; otherwise a plain step. r, d, c
-//! and α are measured on the call's own rounds and decay towards their priors, so a source that failed once is
+//! the two, each at its best size, when it beats a plain step by [`MIN_GAIN`]; otherwise a plain step. Before
+//! its first draft the assistant's rate is unknown: it is probed with [`PROBE_GAMMA`] drafts in the first round
+//! that the suffix would not draft. r, d, c and α are measured on the call's own rounds (d only on rounds where
+//! the assistant had read the whole context) and decay towards their priors, so a source that failed once is
 //! tried again later. The assistant must first read the prompt: it starts only when that is judged to pay (the
 //! cost model's rule, [`cost_model::prefill_pays`]).
 //!
@@ -93,8 +95,9 @@ const PRIOR_ROW: f64 = 0.25;
 /// Prior calibration of the suffix counts, and its weight in rounds.
 const PRIOR_CALIBRATION: f64 = 0.5;
 const PRIOR_WEIGHT: f64 = 2.0;
-/// Prior acceptance of the assistant's drafts.
-const PRIOR_ALPHA: f64 = 0.6;
+/// Prior acceptance of the assistant's drafts: what an assistant of the target's own family keeps (Spec-Bench,
+/// BENCHMARKS.md). A source that failed is tried again once its estimate leans back to this.
+const PRIOR_ALPHA: f64 = 0.8;
 /// Most nodes drafted with the prompt, whose forward they join.
 const PREFILL_NODES: usize = 4;
 /// Longest assistant draft considered.
@@ -112,6 +115,9 @@ enum Lane {
     },
     Assistant {
         first: bool,
+        /// Whether the assistant had seen the whole context: only then do the draft's seconds measure
+        /// drafting alone (otherwise they include reading the tokens accepted since its last round).
+        in_sync: bool,
     },
 }
 
@@ -172,6 +178,8 @@ pub struct Auto<'a> {
     assistant_step: Option<f64>,
     assistant_state: Prefill,
     assistant_rounds: usize,
+    /// The context's length when the assistant last observed a verdict.
+    assistant_seen: Option<usize>,
     round: Option<Round>,
 }
 
@@ -191,6 +199,7 @@ impl<'a> Auto<'a> {
             assistant_step: None,
             assistant_state,
             assistant_rounds: 0,
+            assistant_seen: None,
             round: None,
         }
     }
@@ -212,8 +221,14 @@ impl<'a> Auto<'a> {
     /// The assistant's best draft length and rate, once it has read the prompt and its cost is measured.
     fn best_assistant(&self, max: usize) -> (usize, f64) {
         let (alpha, r) = (self.alpha.value().min(0.99), self.row.value());
-        let Some(d) = self.draft_cost else { return (PROBE_GAMMA.min(max), 1.0 + f64::EPSILON) };
+        let Some(d) = self.draft_cost else { return (PROBE_GAMMA.min(max), 1.0) };
         cost_model::best_length(alpha, d + r, MAX_GAMMA.min(max), 1.0)
+    }
+
+    /// Whether this round probes the assistant: its cost and acceptance are not measured yet, and the suffix's
+    /// best draft does not pay either. The probe's rate is a placeholder that no threshold may compare against.
+    fn probes_assistant(&self, suffix_rate: f64) -> bool {
+        self.draft_cost.is_none() && suffix_rate <= MIN_GAIN
     }
 
     /// Whether the assistant may draft this round: started, or its prefill now judged to pay.
@@ -265,14 +280,18 @@ impl Drafter for Auto<'_> {
             let (n, suffix_rate) = self.best_suffix(&c.probs);
             let assistant = if self.assistant_ready(decoded, max + 1)? { Some(self.best_assistant(max)) } else { None };
             match assistant {
-                Some((g, rate)) if g > 0 && rate > suffix_rate.max(MIN_GAIN) => {
+                // Unmeasured, the assistant is probed in a round that the suffix would not draft.
+                Some((g, rate))
+                    if g > 0 && (rate > suffix_rate.max(MIN_GAIN) || self.probes_assistant(suffix_rate)) =>
+                {
                     let a = self
                         .assistant
                         .as_mut()
                         .ok_or_else(|| missing(SpeculationMethod::Auto { assistant: true }, "an assistant"))?;
                     a.set_cost_cap(Some(g));
                     let first = self.draft_cost.is_none();
-                    (a.propose(target, context, g)?, Lane::Assistant { first })
+                    let in_sync = self.assistant_seen == Some(context.len());
+                    (a.propose(target, context, g)?, Lane::Assistant { first, in_sync })
                 }
                 _ if n > 0 && suffix_rate > MIN_GAIN => {
                     self.suffix.drafted_from(source);
@@ -310,8 +329,9 @@ impl Drafter for Auto<'_> {
                 self.calibration.add(accepted as f64, predicted);
                 self.measure_rows(round.rows, seconds);
             }
-            Lane::Assistant { first } => {
+            Lane::Assistant { first, in_sync } => {
                 self.assistant_rounds += 1;
+                self.assistant_seen = Some(context.len());
                 if let Some(a) = self.assistant.as_mut() {
                     a.observe(context, proposed, accepted)?;
                 }
@@ -319,10 +339,12 @@ impl Drafter for Auto<'_> {
                 self.alpha.add(accepted as f64, accepted as f64 + rejected);
                 self.measure_rows(round.rows, seconds);
                 // The first draft's seconds include the assistant reading the prompt: its one-token forward
-                // stands in for them.
-                let per_draft = match first {
-                    true => self.assistant_step,
-                    false => Some(round.draft_seconds / round.rows.max(1) as f64),
+                // stands in for them. A later draft after rounds without the assistant includes its reading
+                // the tokens accepted since: it measures nothing.
+                let per_draft = match (first, in_sync) {
+                    (true, _) => self.assistant_step,
+                    (false, true) => Some(round.draft_seconds / round.rows.max(1) as f64),
+                    (false, false) => None,
                 };
                 if let (Some(s), Some(t1)) = (per_draft, self.t1) {
                     let d = s / t1;
@@ -389,9 +411,11 @@ mod tests {
     #[test]
     fn the_assistant_drafts_as_long_as_its_acceptance_pays() {
         let mut a = auto();
-        // Not measured yet: a probe.
+        // Not measured yet: a probe, in a round that the suffix would not draft.
         assert_eq!(a.best_assistant(10).0, PROBE_GAMMA);
+        assert!(a.probes_assistant(1.0) && !a.probes_assistant(1.2));
         a.draft_cost = Some(0.1);
+        assert!(!a.probes_assistant(1.0), "measured: no more probes");
         for _ in 0..10 {
             a.alpha.add(1.0, 1.0);
         }

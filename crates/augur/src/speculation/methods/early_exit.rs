@@ -11,7 +11,7 @@ use super::autoregressive::Autoregressive;
 use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::models::{CausalLm, ForwardOptions, LogitRows, ModelConfig};
-use crate::speculation::drafter::{Draft, Drafter};
+use crate::speculation::drafter::{Draft, Drafter, TargetReads};
 use crate::speculation::factory::{missing, DraftParts};
 use crate::speculation::method::SpeculationMethod;
 use crate::speculation::registry::{self, Method};
@@ -90,8 +90,8 @@ impl Drafter for EarlyExit {
     }
 
     /// Its first draft runs the prompt through the target's early layers, which a full forward then reuses.
-    fn reads_target_prefill(&self) -> bool {
-        true
+    fn reads_target(&self) -> TargetReads {
+        TargetReads::PREFILL
     }
 
     fn observe(&mut self, _: &[u32], proposed: usize, accepted: usize) -> Result<()> {

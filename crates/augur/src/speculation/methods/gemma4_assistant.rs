@@ -21,7 +21,7 @@ use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::gemma4_assistant::{Gemma4Assistant, SharedKv};
 use crate::models::{CausalLm, LayerKind};
-use crate::speculation::drafter::{Draft, Drafter};
+use crate::speculation::drafter::{Draft, Drafter, TargetReads};
 
 pub struct Gemma4AssistantDrafter<'m> {
     model: &'m Gemma4Assistant,
@@ -68,8 +68,8 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
         "gemma4_assistant"
     }
 
-    fn wants_target_hidden(&self) -> bool {
-        true
+    fn reads_target(&self) -> TargetReads {
+        TargetReads::HIDDEN_STATES
     }
 
     fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {

@@ -17,7 +17,7 @@ use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::mtp::MtpHead;
 use crate::models::CausalLm;
-use crate::speculation::drafter::{Draft, Drafter};
+use crate::speculation::drafter::{Draft, Drafter, TargetReads};
 use crate::speculation::factory::{missing, DraftParts};
 use crate::speculation::method::{Available, SpeculationMethod};
 use crate::speculation::registry::{self, Method};
@@ -107,8 +107,8 @@ impl Drafter for MtpDrafter<'_> {
         "mtp"
     }
 
-    fn wants_target_hidden(&self) -> bool {
-        true
+    fn reads_target(&self) -> TargetReads {
+        TargetReads::HIDDEN_STATES
     }
 
     fn target_hidden(&mut self, hidden: &Tensor, accepted_rows: usize) -> Result<()> {
