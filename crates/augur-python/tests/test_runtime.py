@@ -2,12 +2,23 @@
 the model usable; a streamer's exception ends the generation; threads share a model safely."""
 
 import _thread
+import signal
 import threading
 import time
 
 import pytest
 
 import augur
+
+
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler for the test's length: a process started in the background by a non-interactive
+    shell inherits SIGINT ignored, and then `interrupt_main` does nothing (Python installs no handler over an
+    ignored signal)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_gil_is_released_while_generating(qwen, qwen_tokenizer):
@@ -23,7 +34,7 @@ def test_gil_is_released_while_generating(qwen, qwen_tokenizer):
     assert elapsed > 0.2 and spins / elapsed > 1e5, (spins, elapsed)
 
 
-def test_keyboard_interrupt_cancels_promptly(qwen, qwen_tokenizer):
+def test_keyboard_interrupt_cancels_promptly(qwen, qwen_tokenizer, sigint_raises):
     ids = qwen_tokenizer("Count from one to a thousand:")["input_ids"]
     seen = []
 
@@ -94,7 +105,7 @@ def test_threads_share_one_model(tiny_llama, tiny_tokenizer):
     assert all(out == expected[p] for p in prompts for out in results[p]) and len(results) == len(prompts)
 
 
-def test_keyboard_interrupt_without_a_streamer_within_half_a_second(qwen, qwen_tokenizer):
+def test_keyboard_interrupt_without_a_streamer_within_half_a_second(qwen, qwen_tokenizer, sigint_raises):
     ids = qwen_tokenizer("Count from one to a thousand:")["input_ids"]
     interrupted = []
 
