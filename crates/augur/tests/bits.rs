@@ -173,8 +173,9 @@ impl Generated {
     const VOCAB: usize = 512;
     const LAYERS: usize = 2;
 
-    fn write(dtype: GgmlDType) -> PathBuf {
-        let path = scratch(&format!("gen-{dtype:?}")).join("model.gguf");
+    /// Written under `test`'s own directory: two tests running at once write the same type.
+    fn write(test: &str, dtype: GgmlDType) -> PathBuf {
+        let path = scratch(&format!("{test}/gen-{dtype:?}")).join("model.gguf");
         let mut seed = 0x2545_f491_4f6c_dd1d_u64 ^ dtype as u64;
         let mut values = |n: usize, scale: f32, mean: f32| -> Vec<f32> {
             (0..n)
@@ -277,7 +278,7 @@ fn expected_path(dtype: GgmlDType) -> LinearPath {
 fn quantized_types_give_every_row_its_bits() {
     use GgmlDType::*;
     for dtype in [Q4_0, Q4_1, Q5_0, Q8_0, Q4K, Q6K, Q5_1, Q2K, Q3K, Q5K] {
-        let path = Generated::write(dtype);
+        let path = Generated::write("quantized", dtype);
         let expected = expected_path(dtype);
         assert_eq!(Generated::paths(&path, false), [expected; 2]);
         check(&format!("{expected:?}"), load(&path, false).as_ref());
@@ -288,12 +289,12 @@ fn quantized_types_give_every_row_its_bits() {
 #[test]
 fn dense_gguf_and_dequantized_give_every_row_its_bits() {
     for dtype in [GgmlDType::F32, GgmlDType::F16, GgmlDType::BF16] {
-        let path = Generated::write(dtype);
+        let path = Generated::write("dense", dtype);
         assert_eq!(Generated::paths(&path, false), [LinearPath::Dense; 2]);
         check(&format!("GGUF {dtype:?}"), load(&path, false).as_ref());
     }
     for dtype in [GgmlDType::Q4_0, GgmlDType::Q6K] {
-        let path = Generated::write(dtype);
+        let path = Generated::write("dequantized", dtype);
         assert_eq!(Generated::paths(&path, true), [LinearPath::Dense; 2]);
         check(&format!("dequantized {dtype:?}"), load(&path, true).as_ref());
     }
