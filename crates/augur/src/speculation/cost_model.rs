@@ -40,7 +40,7 @@ const MIN_GAIN: f64 = 1.02;
 /// a drafter's prefill: a 1.25× speedup saves a fifth. On 2 cores the best Spec-Bench category with the Qwen 0.5B
 /// assistant gains 1.33×, most gain 1.1–1.25×; with a third (1.5×) assumed, the assistant was started on long
 /// RAG and summarization prompts and lost 0.8×.
-const BEST_SAVING: f64 = 0.2;
+pub(crate) const BEST_SAVING: f64 = 0.2;
 /// Tokens an answer is expected to run beyond those decoded so far, when weighing a drafter's prefill: short
 /// answers after long prompts then do not start an assistant whose prefill they cannot repay, while long answers
 /// do not wait for their decoded tokens alone to repay it (simulated over Spec-Bench; figures in BENCHMARKS.md).
@@ -89,10 +89,11 @@ pub enum Prefill {
 }
 
 /// Whether a drafter's prefill, estimated at `prefill` seconds, is to be paid now, with `remaining` tokens left
-/// in the budget, `decoded` decoded so far and plain steps of `t1` seconds (see the module doc): declined when
-/// the whole budget cannot repay it, waiting while the answer decoded so far (plus [`ANSWER_PRIOR`]) cannot.
-pub fn prefill_pays(prefill: f64, t1: f64, remaining: usize, decoded: usize) -> Prefill {
-    let saving_per_token = BEST_SAVING * t1;
+/// in the budget, `decoded` decoded so far and plain steps of `t1` seconds, drafting saving at most the share
+/// `saving` of each (see the module doc): declined when the whole budget cannot repay it, waiting while the
+/// answer decoded so far (plus [`ANSWER_PRIOR`]) cannot.
+pub fn prefill_pays(prefill: f64, t1: f64, remaining: usize, decoded: usize, saving: f64) -> Prefill {
+    let saving_per_token = saving * t1;
     if prefill > saving_per_token * remaining as f64 {
         Prefill::Declined
     } else if prefill > saving_per_token * (decoded + ANSWER_PRIOR) as f64 {
@@ -152,7 +153,7 @@ impl CostModel {
             (decoded, Setup::Deferred { step, prefill }) => {
                 let t1 = self.plain.unwrap_or(step);
                 // Every round so far was a plain one-token step.
-                match prefill_pays(prefill.unwrap_or(0.0) * step / t1, t1, remaining, decoded) {
+                match prefill_pays(prefill.unwrap_or(0.0) * step / t1, t1, remaining, decoded, BEST_SAVING) {
                     Prefill::Declined => self.setup = Setup::Declined,
                     Prefill::Waiting => {}
                     Prefill::Started => {

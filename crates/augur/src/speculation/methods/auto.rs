@@ -8,11 +8,16 @@
 //! (an output seen once predicts its continuation with probability 1); an assistant draft of γ tokens yields
 //! (1 − α^(γ+1)) / (1 − α) at its measured acceptance α (Leviathan et al.). The round takes the best rate of
 //! the two, each at its best size, when it beats a plain step by [`MIN_GAIN`]; otherwise a plain step. Before
-//! its first draft the assistant's rate is unknown: it is probed with [`PROBE_GAMMA`] drafts in the first round
-//! that the suffix would not draft. r, d, c and α are measured on the call's own rounds (d only on rounds where
-//! the assistant had read the whole context) and decay towards their priors, so a source that failed once is
-//! tried again later. The assistant must first read the prompt: it starts only when that is judged to pay (the
-//! cost model's rule, [`cost_model::prefill_pays`]).
+//! its first draft the assistant's d is its measured one-token forward, α its prior, and its draft at most
+//! [`PROBE_GAMMA`] long. r, d, c and α are measured on the call's own rounds (d only on rounds where the
+//! assistant had read the whole context) and decay towards their priors, so a source that failed once is tried
+//! again later. The assistant must first read the prompt: it starts only when its rate at the prior beats
+//! [`MIN_GAIN`] and the saving that rate promises repays the reading (the cost model's rule,
+//! [`cost_model::prefill_pays`]): where its drafts cost nearly what they save, it never starts. After rounds without it, it must first read the tokens
+//! accepted since (u of them, e each, in one-token forwards): its round then also costs u·e spread over
+//! [`REENTRY_ROUNDS`], so that a return pays only when the drafts that follow can repay the reading. e is measured
+//! on such returns; before one, it is the target's prefill cost per token scaled by the ratio of one-token
+//! forwards.
 //!
 //! The drafts are verified as any method's: greedy output is plain greedy output, sampling keeps the target's
 //! distribution.
@@ -104,6 +109,9 @@ const PREFILL_NODES: usize = 4;
 const MAX_GAMMA: usize = 16;
 /// The assistant's first draft, before its acceptance is measured.
 const PROBE_GAMMA: usize = 3;
+/// Rounds over which a return to the assistant spreads the cost of its reading the tokens accepted without it:
+/// a return is expected to draft for some rounds before the suffix or a plain step takes over again.
+const REENTRY_ROUNDS: f64 = 8.0;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Lane {
@@ -115,9 +123,9 @@ enum Lane {
     },
     Assistant {
         first: bool,
-        /// Whether the assistant had seen the whole context: only then do the draft's seconds measure
-        /// drafting alone (otherwise they include reading the tokens accepted since its last round).
-        in_sync: bool,
+        /// Context tokens the assistant had not read when the round began (accepted in rounds without it):
+        /// only with none do the draft's seconds measure drafting alone.
+        unread: usize,
     },
 }
 
@@ -175,6 +183,8 @@ pub struct Auto<'a> {
     /// seconds, and whether it has read the prompt.
     alpha: Estimate,
     draft_cost: Option<f64>,
+    /// The assistant's cost of reading a token it did not draft, in one-token target forwards.
+    read_cost: Option<f64>,
     assistant_step: Option<f64>,
     assistant_state: Prefill,
     assistant_rounds: usize,
@@ -196,6 +206,7 @@ impl<'a> Auto<'a> {
             calibration: Estimate::new(PRIOR_CALIBRATION),
             alpha: Estimate::new(PRIOR_ALPHA),
             draft_cost: None,
+            read_cost: None,
             assistant_step: None,
             assistant_state,
             assistant_rounds: 0,
@@ -218,17 +229,35 @@ impl<'a> Auto<'a> {
         (best, best_rate)
     }
 
-    /// The assistant's best draft length and rate, once it has read the prompt and its cost is measured.
-    fn best_assistant(&self, max: usize) -> (usize, f64) {
+    /// The assistant's best draft length and rate, with `unread` context tokens to read first (its round costs
+    /// 1 + o + γ·(d + r), o their share of reading). Before its first draft, d is its one-token forward and the
+    /// draft at most [`PROBE_GAMMA`] long.
+    fn best_assistant(&self, max: usize, unread: usize) -> (usize, f64) {
         let (alpha, r) = (self.alpha.value().min(0.99), self.row.value());
-        let Some(d) = self.draft_cost else { return (PROBE_GAMMA.min(max), 1.0) };
-        cost_model::best_length(alpha, d + r, MAX_GAMMA.min(max), 1.0)
+        let (d, max) = match (self.draft_cost, self.assistant_step, self.t1) {
+            (Some(d), ..) => (d, MAX_GAMMA.min(max)),
+            (None, Some(step), Some(t1)) => (step / t1, PROBE_GAMMA.min(max)),
+            _ => return (0, 1.0),
+        };
+        let base = 1.0 + unread as f64 * self.read_cost().unwrap_or(0.0) / REENTRY_ROUNDS;
+        // E/(1 + o + γp) = (E/(1 + γ·p/(1 + o))) / (1 + o): the plain form, scaled.
+        let (g, rate) = cost_model::best_length(alpha, (d + r) / base, max, base);
+        (g, rate / base)
     }
 
-    /// Whether this round probes the assistant: its cost and acceptance are not measured yet, and the suffix's
-    /// best draft does not pay either. The probe's rate is a placeholder that no threshold may compare against.
-    fn probes_assistant(&self, suffix_rate: f64) -> bool {
-        self.draft_cost.is_none() && suffix_rate <= MIN_GAIN
+    /// The assistant's reading cost per token: measured on returns, else the target's prefill cost per token
+    /// scaled by the ratio of one-token forwards.
+    fn read_cost(&self) -> Option<f64> {
+        let scaled = || {
+            let (t1, step, prefill) = (self.t1?, self.assistant_step?, self.prefill?);
+            Some(prefill / self.prompt_len.max(1) as f64 / t1 * (step / t1))
+        };
+        self.read_cost.or_else(scaled)
+    }
+
+    /// Context tokens the assistant has not read (0 before its first round: its prefill is judged apart).
+    fn unread(&self, context_len: usize) -> usize {
+        self.assistant_seen.map_or(0, |seen| context_len.saturating_sub(seen))
     }
 
     /// Whether the assistant may draft this round: started, or its prefill now judged to pay.
@@ -239,8 +268,11 @@ impl<'a> Auto<'a> {
                 Some(s) => s,
                 None => *self.assistant_step.insert(a.step_seconds()?.unwrap_or(0.0)),
             };
-            if let (Some(t1), Some(prefill)) = (self.t1, self.prefill) {
-                self.assistant_state = cost_model::prefill_pays(prefill * step / t1, t1, remaining, decoded);
+            // Its rate at the prior acceptance, from its measured step, bounds what drafting can save.
+            let (_, rate) = self.best_assistant(remaining, 0);
+            if let (Some(t1), Some(prefill), true) = (self.t1, self.prefill, rate > MIN_GAIN) {
+                let saving = (1.0 - 1.0 / rate).min(cost_model::BEST_SAVING);
+                self.assistant_state = cost_model::prefill_pays(prefill * step / t1, t1, remaining, decoded, saving);
             }
         }
         Ok(self.assistant_state == Prefill::Started)
@@ -278,20 +310,18 @@ impl Drafter for Auto<'_> {
         } else {
             let (c, source) = self.suffix.candidate(context, max);
             let (n, suffix_rate) = self.best_suffix(&c.probs);
-            let assistant = if self.assistant_ready(decoded, max + 1)? { Some(self.best_assistant(max)) } else { None };
+            let unread = self.unread(context.len());
+            let assistant =
+                if self.assistant_ready(decoded, max + 1)? { Some(self.best_assistant(max, unread)) } else { None };
             match assistant {
-                // Unmeasured, the assistant is probed in a round that the suffix would not draft.
-                Some((g, rate))
-                    if g > 0 && (rate > suffix_rate.max(MIN_GAIN) || self.probes_assistant(suffix_rate)) =>
-                {
+                Some((g, rate)) if g > 0 && rate > suffix_rate.max(MIN_GAIN) => {
                     let a = self
                         .assistant
                         .as_mut()
                         .ok_or_else(|| missing(SpeculationMethod::Auto { assistant: true }, "an assistant"))?;
                     a.set_cost_cap(Some(g));
                     let first = self.draft_cost.is_none();
-                    let in_sync = self.assistant_seen == Some(context.len());
-                    (a.propose(target, context, g)?, Lane::Assistant { first, in_sync })
+                    (a.propose(target, context, g)?, Lane::Assistant { first, unread })
                 }
                 _ if n > 0 && suffix_rate > MIN_GAIN => {
                     self.suffix.drafted_from(source);
@@ -329,7 +359,7 @@ impl Drafter for Auto<'_> {
                 self.calibration.add(accepted as f64, predicted);
                 self.measure_rows(round.rows, seconds);
             }
-            Lane::Assistant { first, in_sync } => {
+            Lane::Assistant { first, unread } => {
                 self.assistant_rounds += 1;
                 self.assistant_seen = Some(context.len());
                 if let Some(a) = self.assistant.as_mut() {
@@ -340,11 +370,19 @@ impl Drafter for Auto<'_> {
                 self.measure_rows(round.rows, seconds);
                 // The first draft's seconds include the assistant reading the prompt: its one-token forward
                 // stands in for them. A later draft after rounds without the assistant includes its reading
-                // the tokens accepted since: it measures nothing.
-                let per_draft = match (first, in_sync) {
+                // the tokens accepted since: beyond its drafts at their measured cost, that measures the
+                // reading cost per token.
+                let per_draft = match (first, unread) {
                     (true, _) => self.assistant_step,
-                    (false, true) => Some(round.draft_seconds / round.rows.max(1) as f64),
-                    (false, false) => None,
+                    (false, 0) => Some(round.draft_seconds / round.rows.max(1) as f64),
+                    (false, _) => {
+                        if let (Some(d), Some(t1)) = (self.draft_cost, self.t1) {
+                            let reading = (round.draft_seconds / t1 - round.rows as f64 * d).max(0.0);
+                            let e = reading / unread as f64;
+                            self.read_cost = Some(self.read_cost.map_or(e, |old| DECAY * old + (1.0 - DECAY) * e));
+                        }
+                        None
+                    }
                 };
                 if let (Some(s), Some(t1)) = (per_draft, self.t1) {
                     let d = s / t1;
@@ -363,8 +401,8 @@ impl Auto<'_> {
     /// Folds a verification of `rows` draft rows that took `seconds` into the per-row cost.
     fn measure_rows(&mut self, rows: usize, seconds: f64) {
         if let (Some(t1), true) = (self.t1, rows > 0) {
-            let per_row = ((seconds / t1 - 1.0) / rows as f64).max(0.0);
-            self.row.add(per_row, 1.0);
+            // Summed over rows rather than averaged over rounds: a long draft's rows weigh by their number.
+            self.row.add((seconds / t1 - 1.0).max(0.0), rows as f64);
         }
     }
 }
@@ -411,19 +449,44 @@ mod tests {
     #[test]
     fn the_assistant_drafts_as_long_as_its_acceptance_pays() {
         let mut a = auto();
-        // Not measured yet: a probe, in a round that the suffix would not draft.
-        assert_eq!(a.best_assistant(10).0, PROBE_GAMMA);
-        assert!(a.probes_assistant(1.0) && !a.probes_assistant(1.2));
+        assert_eq!(a.best_assistant(10, 0).0, 0, "its step not measured: no rate");
+        // Not measured yet: its one-token forward stands in for d, its draft at most PROBE_GAMMA long.
+        a.assistant_step = Some(0.001);
+        assert_eq!(a.best_assistant(10, 0).0, PROBE_GAMMA);
+        a.assistant_step = Some(0.006);
+        assert_eq!(a.best_assistant(10, 0).0, 0, "a step of 0.6 t₁ never pays at the prior acceptance");
         a.draft_cost = Some(0.1);
-        assert!(!a.probes_assistant(1.0), "measured: no more probes");
         for _ in 0..10 {
             a.alpha.add(1.0, 1.0);
         }
-        let (long, rate) = a.best_assistant(16);
+        let (long, rate) = a.best_assistant(16, 0);
         assert!(long >= 4 && rate > 1.0, "{long} {rate}");
         for _ in 0..10 {
             a.alpha.add(0.0, 1.0);
         }
-        assert_eq!(a.best_assistant(16).0, 0, "drafts that are never kept");
+        assert_eq!(a.best_assistant(16, 0).0, 0, "drafts that are never kept");
+    }
+
+    #[test]
+    fn a_return_to_the_assistant_pays_for_reading_what_it_missed() {
+        let mut a = auto();
+        a.draft_cost = Some(0.4);
+        for _ in 0..10 {
+            a.alpha.add(1.0, 1.0);
+        }
+        // Before a return is measured, the reading cost is the target's prefill per token scaled by the ratio
+        // of one-token forwards: 0.4 s over 40 tokens is one t₁ per token, the assistant's step 0.4 of it.
+        assert_eq!(a.read_cost(), None);
+        (a.prefill, a.prompt_len, a.assistant_step) = (Some(0.4), 40, Some(0.004));
+        assert!((a.read_cost().unwrap() - 0.4).abs() < 1e-9);
+        a.read_cost = Some(0.16);
+        let (g, in_sync) = a.best_assistant(16, 0);
+        assert!(g > 0 && in_sync > 1.1, "{g} {in_sync}");
+        let (g, near) = a.best_assistant(16, 4);
+        assert!(g > 0 && near < in_sync, "a few tokens to read: still drafts, at a lower rate ({near})");
+        assert_eq!(a.best_assistant(16, 56).0, 0, "56 tokens to read cost more than the drafts save");
+        assert_eq!(a.unread(100), 0, "before its first round nothing counts as unread");
+        a.assistant_seen = Some(60);
+        assert_eq!(a.unread(100), 40);
     }
 }
