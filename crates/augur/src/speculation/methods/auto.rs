@@ -13,11 +13,11 @@
 //! assistant had read the whole context) and decay towards their priors, so a source that failed once is tried
 //! again later. The assistant must first read the prompt: it starts only when its rate at the prior beats
 //! [`MIN_GAIN`] and the saving that rate promises repays the reading (the cost model's rule,
-//! [`cost_model::prefill_pays`]): where its drafts cost nearly what they save, it never starts. After rounds without it, it must first read the tokens
-//! accepted since (u of them, e each, in one-token forwards): its round then also costs u·e spread over
-//! [`REENTRY_ROUNDS`], so that a return pays only when the drafts that follow can repay the reading. e is measured
-//! on such returns; before one, it is the target's prefill cost per token scaled by the ratio of one-token
-//! forwards.
+//! [`cost_model::prefill_pays`]): where its drafts cost nearly what they save, it never starts. After rounds
+//! without it, it must first read the tokens accepted since (u of them, e each, in one-token forwards): its round
+//! then also costs u·e spread over [`REENTRY_ROUNDS`], so that a return pays only when the drafts that follow can
+//! repay the reading. e is measured on such returns; before one, it is the target's prefill cost per token scaled
+//! by the ratio of one-token forwards.
 //!
 //! The drafts are verified as any method's: greedy output is plain greedy output, sampling keeps the target's
 //! distribution.
@@ -248,11 +248,14 @@ impl<'a> Auto<'a> {
     /// The assistant's reading cost per token: measured on returns, else the target's prefill cost per token
     /// scaled by the ratio of one-token forwards.
     fn read_cost(&self) -> Option<f64> {
-        let scaled = || {
-            let (t1, step, prefill) = (self.t1?, self.assistant_step?, self.prefill?);
-            Some(prefill / self.prompt_len.max(1) as f64 / t1 * (step / t1))
-        };
+        let scaled = || Some(self.assistant_prefill()? / self.prompt_len.max(1) as f64 / self.t1?);
         self.read_cost.or_else(scaled)
+    }
+
+    /// Seconds the assistant's reading of the prompt is expected to take: the target's, scaled by the ratio of
+    /// their one-token forwards.
+    fn assistant_prefill(&self) -> Option<f64> {
+        Some(self.prefill? * self.assistant_step? / self.t1?)
     }
 
     /// Context tokens the assistant has not read (0 before its first round: its prefill is judged apart).
@@ -264,15 +267,14 @@ impl<'a> Auto<'a> {
     fn assistant_ready(&mut self, decoded: usize, remaining: usize) -> Result<bool> {
         if self.assistant_state == Prefill::Waiting {
             let Some(a) = self.assistant.as_mut() else { return Ok(false) };
-            let step = match self.assistant_step {
-                Some(s) => s,
-                None => *self.assistant_step.insert(a.step_seconds()?.unwrap_or(0.0)),
-            };
+            if self.assistant_step.is_none() {
+                self.assistant_step = Some(a.step_seconds()?.unwrap_or(0.0));
+            }
             // Its rate at the prior acceptance, from its measured step, bounds what drafting can save.
             let (_, rate) = self.best_assistant(remaining, 0);
-            if let (Some(t1), Some(prefill), true) = (self.t1, self.prefill, rate > MIN_GAIN) {
+            if let (Some(t1), Some(prefill), true) = (self.t1, self.assistant_prefill(), rate > MIN_GAIN) {
                 let saving = (1.0 - 1.0 / rate).min(cost_model::BEST_SAVING);
-                self.assistant_state = cost_model::prefill_pays(prefill * step / t1, t1, remaining, decoded, saving);
+                self.assistant_state = cost_model::prefill_pays(prefill, t1, remaining, decoded, saving);
             }
         }
         Ok(self.assistant_state == Prefill::Started)
@@ -354,7 +356,7 @@ impl Drafter for Auto<'_> {
         }
         match round.lane {
             Lane::Prefill => self.prefill = Some(seconds),
-            Lane::Plain => self.t1 = Some(self.t1.map_or(seconds, |t| DECAY * t + (1.0 - DECAY) * seconds)),
+            Lane::Plain => self.t1 = Some(ema(self.t1, seconds)),
             Lane::Suffix { predicted } => {
                 self.calibration.add(accepted as f64, predicted);
                 self.measure_rows(round.rows, seconds);
@@ -379,22 +381,25 @@ impl Drafter for Auto<'_> {
                         if let (Some(d), Some(t1)) = (self.draft_cost, self.t1) {
                             let reading = (round.draft_seconds / t1 - round.rows as f64 * d).max(0.0);
                             let e = reading / unread as f64;
-                            self.read_cost = Some(self.read_cost.map_or(e, |old| DECAY * old + (1.0 - DECAY) * e));
+                            self.read_cost = Some(ema(self.read_cost, e));
                         }
                         None
                     }
                 };
                 if let (Some(s), Some(t1)) = (per_draft, self.t1) {
-                    let d = s / t1;
-                    self.draft_cost = Some(match (first, self.draft_cost) {
-                        (false, Some(old)) => DECAY * old + (1.0 - DECAY) * d,
-                        _ => d,
-                    });
+                    // The first measurement replaces the stand-in for d rather than averaging with it.
+                    let old = if first { None } else { self.draft_cost };
+                    self.draft_cost = Some(ema(old, s / t1));
                 }
             }
         }
         Ok(())
     }
+}
+
+/// `x` folded into the running estimate `old` at [`DECAY`]; the first measurement stands alone.
+fn ema(old: Option<f64>, x: f64) -> f64 {
+    old.map_or(x, |o| DECAY * o + (1.0 - DECAY) * x)
 }
 
 impl Auto<'_> {
