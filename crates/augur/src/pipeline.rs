@@ -17,11 +17,11 @@ use crate::generation::decode;
 use crate::generation::output::{Emitter, GenerationOutput, GenerationStats, TokenSink};
 use crate::io::pull::{PlainProgress, Progress};
 use crate::io::resolve::resolve_model_with;
-use crate::models::gemma4_assistant::Gemma4Assistant;
 use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
 use crate::speculation::factory::{self, AssistantParts, AssistantRef, DraftParts};
 use crate::speculation::method::{self, Available, LoadedModel, MethodName};
+pub use crate::speculation::methods::LoadedGemma4Assistant;
 use crate::speculation::suffix_cache::SuffixCacheRef;
 use crate::speculation::{speculative, BackoffPolicy};
 use crate::tokenizer::{ChatMessage, Tokenizer};
@@ -151,36 +151,14 @@ pub enum Assistant {
     Gemma4(LoadedGemma4Assistant),
 }
 
-/// Gemma 4's assistant with what was read beside it. It works in its target's vocabulary.
-pub struct LoadedGemma4Assistant {
-    pub path: PathBuf,
-    /// Read-only while drafting, so forks share it.
-    pub model: Arc<Gemma4Assistant>,
-    pub tokenizer: Arc<Tokenizer>,
-    /// Its `generation_config.json`, if any.
-    pub defaults: GenerationOptions,
-}
-
 impl Assistant {
     /// Loads the assistant at `path` under `opts` (a causal LM's; Gemma 4's assistant takes none); a Hugging
     /// Face directory without a tokenizer takes `shared` (the target's).
     pub fn load(path: &Path, opts: &models::LoadOptions, shared: &Arc<Tokenizer>) -> Result<Self> {
-        if !models::is_gemma4_assistant(path)? {
-            return Ok(Assistant::Lm(LoadedLm::load_sharing(path, opts, Some(shared))?));
-        }
-        if let Some(q) = opts.quantize {
-            return Err(Error::InvalidOption(format!(
-                "{}: Gemma 4's assistant is not quantized at load ({} asked for)",
-                path.display(),
-                q.name()
-            )));
-        }
-        let model = Arc::new(models::load_gemma4_assistant(path, &Device::Cpu)?);
-        let gc = path.join("generation_config.json");
-        let defaults = if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
-        let tokenizer =
-            if path.join("tokenizer.json").exists() { Arc::new(Tokenizer::from_hf_dir(path)?) } else { shared.clone() };
-        Ok(Assistant::Gemma4(LoadedGemma4Assistant { path: path.to_path_buf(), model, tokenizer, defaults }))
+        Ok(match LoadedGemma4Assistant::load_if_at(path, opts, shared)? {
+            Some(a) => Assistant::Gemma4(a),
+            None => Assistant::Lm(LoadedLm::load_sharing(path, opts, Some(shared))?),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -222,12 +200,7 @@ impl Assistant {
     pub fn fork(&self) -> Result<Self> {
         Ok(match self {
             Assistant::Lm(a) => Assistant::Lm(a.fork()?),
-            Assistant::Gemma4(a) => Assistant::Gemma4(LoadedGemma4Assistant {
-                path: a.path.clone(),
-                model: Arc::clone(&a.model),
-                tokenizer: Arc::clone(&a.tokenizer),
-                defaults: a.defaults.clone(),
-            }),
+            Assistant::Gemma4(a) => Assistant::Gemma4(a.clone()),
         })
     }
 
@@ -552,12 +525,7 @@ impl Pipeline {
                         tokenizer: &a.tokenizer,
                         defaults: &a.defaults,
                     },
-                    Assistant::Gemma4(a) => AssistantParts {
-                        config,
-                        model: AssistantRef::Gemma4(&a.model),
-                        tokenizer: &a.tokenizer,
-                        defaults: &a.defaults,
-                    },
+                    Assistant::Gemma4(a) => a.parts(config),
                 }
             }),
             suffix_cache: call.suffix_cache.clone(),

@@ -12,16 +12,67 @@
 //!   so its speculative sampling is not lossless). Greedy drafting is unchanged: argmax of the raw logits, and
 //!   with `assistant_ensemble_weight` their softmax is the `q` of ensemble verification, as in 5.24.
 
-use candle_core::Tensor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::generation::config::GenerationConfig;
+use crate::generation::config::{GenerationConfig, GenerationOptions};
 use crate::generation::decode::{check_finite, ASSISTANT};
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::gemma4_assistant::{Gemma4Assistant, SharedKv};
-use crate::models::{CausalLm, LayerKind};
+use crate::models::{self, CausalLm, LayerKind, LoadOptions};
 use crate::speculation::drafter::{Draft, Drafter, TargetReads};
+use crate::speculation::factory::{AssistantParts, AssistantRef};
+use crate::tokenizer::Tokenizer;
+
+/// Gemma 4's assistant with what was read beside it, as its method loads it. It works in its target's
+/// vocabulary and keeps no state, so a clone is another sequence's assistant.
+#[derive(Clone)]
+pub struct LoadedGemma4Assistant {
+    pub path: PathBuf,
+    /// Read-only while drafting, so forks share it.
+    pub model: Arc<Gemma4Assistant>,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its `generation_config.json`, if any.
+    pub defaults: GenerationOptions,
+}
+
+impl LoadedGemma4Assistant {
+    /// The assistant at `path` where that is a Gemma 4 assistant's Hugging Face directory, else `None`. It is
+    /// never quantized at load (`opts.quantize` is an error); a directory without a tokenizer takes `shared`
+    /// (the target's).
+    pub fn load_if_at(path: &Path, opts: &LoadOptions, shared: &Arc<Tokenizer>) -> Result<Option<Self>> {
+        if !models::is_gemma4_assistant(path)? {
+            return Ok(None);
+        }
+        if let Some(q) = opts.quantize {
+            return Err(Error::InvalidOption(format!(
+                "{}: Gemma 4's assistant is not quantized at load ({} asked for)",
+                path.display(),
+                q.name()
+            )));
+        }
+        let model = Arc::new(models::load_gemma4_assistant(path, &Device::Cpu)?);
+        let gc = path.join("generation_config.json");
+        let defaults = if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
+        let tokenizer =
+            if path.join("tokenizer.json").exists() { Arc::new(Tokenizer::from_hf_dir(path)?) } else { shared.clone() };
+        Ok(Some(Self { path: path.to_path_buf(), model, tokenizer, defaults }))
+    }
+
+    /// What its drafter borrows for a call whose assistant configuration is `config`.
+    pub fn parts(&self, config: GenerationConfig) -> AssistantParts<'_> {
+        AssistantParts {
+            config,
+            model: AssistantRef::Gemma4(&self.model),
+            tokenizer: &self.tokenizer,
+            defaults: &self.defaults,
+        }
+    }
+}
 
 pub struct Gemma4AssistantDrafter<'m> {
     model: &'m Gemma4Assistant,

@@ -32,7 +32,7 @@ pub const REGISTRY: &[Method] = &[
 
 pub use assistant::AssistantModel;
 pub use early_exit::EarlyExit;
-pub use gemma4_assistant::Gemma4AssistantDrafter;
+pub use gemma4_assistant::{Gemma4AssistantDrafter, LoadedGemma4Assistant};
 pub use mtp::MtpDrafter;
 pub use prompt_lookup::{PromptLookup, DEFAULT_PROMPT_LOOKUP_NUM_TOKENS};
 pub use suffix::{DraftSource, SuffixDrafter};
