@@ -19,6 +19,14 @@
 //! answer that has run n tokens is expected to run about as long again. A long prompt's assistant thus waits
 //! until the answer proves long, as in ski rental; a short prompt's starts at once.
 //!
+//! Such a drafter also reads, on its next draft, every token accepted in the plain steps of a back-off: a
+//! probe's drafting seconds hold that reading besides its drafts. Its drafts are costed at the measured per-draft
+//! cost, the rest is the reading, per token; that round does not enter the per-draft cost. Every plain step of a
+//! back-off that is followed by a probe thus costs the drafter one token's reading, however far apart the probes
+//! are, so after a failed probe the probes stop for the call (plain steps to the end) once the reading per token
+//! exceeds what drafting could save ([`BEST_SAVING`] of a step) weighted by the chance that a next probe finds
+//! drafting paying again, taken as 1 / (failed probes + 1).
+//!
 //! Greedy outputs are unchanged by construction (only the round structure changes). Under sampling the
 //! distribution stays exact, but the random stream is consumed differently depending on timing, so a seeded
 //! sampled run is reproducible only with `cost_aware_drafting = false`.
@@ -63,6 +71,14 @@ pub struct CostModel {
     backoff: usize,
     probing: bool,
     setup: Setup,
+    /// Whether the drafter has a model of its own, which reads the tokens accepted without it.
+    reads_missed: bool,
+    /// Plain steps since the drafter last drafted: tokens it reads on its next draft.
+    unread: usize,
+    /// The drafter's seconds of reading one token it did not draft, measured on probes after a back-off.
+    read_cost: Option<f64>,
+    /// Probes in a row that found drafting still not paying.
+    failed_probes: usize,
 }
 
 /// Where a drafter with a prefill of its own stands (see the module doc).
@@ -131,13 +147,17 @@ impl CostModel {
             backoff: FIRST_BACKOFF,
             probing: false,
             setup: Setup::None,
+            reads_missed: false,
+            unread: 0,
+            read_cost: None,
+            failed_probes: 0,
         }
     }
 
     /// For a drafter that must read the prompt with a model of its own, whose one-token forward took
     /// `step_seconds`: it is started only once its prefill is judged to pay.
     pub fn with_drafter_prefill(step_seconds: f64) -> Self {
-        Self { setup: Setup::Deferred { step: step_seconds, prefill: None }, ..Self::new() }
+        Self { setup: Setup::Deferred { step: step_seconds, prefill: None }, reads_missed: true, ..Self::new() }
     }
 
     /// The cap for the next round, with `remaining` tokens left in the budget.
@@ -202,19 +222,43 @@ impl CostModel {
         }
         if gamma == 0 {
             self.plain = Some(ema(self.plain, verify_seconds));
+            self.unread += 1;
             return;
         }
         if let Some(t1) = self.plain {
             self.verify = Some(ema(self.verify, ((verify_seconds - t1) / gamma as f64).max(0.0)));
         }
+        let unread = std::mem::take(&mut self.unread);
         if self.setup == Setup::Starting {
             self.setup = Setup::None;
+        } else if self.reads_missed && unread > 0 {
+            if let Some(d) = self.draft {
+                let reading = (draft_seconds - gamma as f64 * d).max(0.0);
+                self.read_cost = Some(ema(self.read_cost, reading / unread as f64));
+            }
         } else {
             self.draft = Some(ema(self.draft, draft_seconds / gamma as f64));
         }
         self.count(gamma, accepted);
-        if std::mem::take(&mut self.probing) && self.best_gamma().is_some_and(|g| g > 0) {
-            self.backoff = FIRST_BACKOFF;
+        if std::mem::take(&mut self.probing) {
+            if self.best_gamma().is_some_and(|g| g > 0) {
+                self.backoff = FIRST_BACKOFF;
+                self.failed_probes = 0;
+            } else {
+                self.failed_probes += 1;
+                if self.probes_cannot_pay() {
+                    self.setup = Setup::Declined;
+                }
+            }
+        }
+    }
+
+    /// Whether the reading that each plain step costs a drafter that probes again outweighs what the probes can
+    /// be expected to win back (see the module doc).
+    fn probes_cannot_pay(&self) -> bool {
+        match (self.read_cost, self.plain) {
+            (Some(e), Some(t1)) => e / t1 > BEST_SAVING / (self.failed_probes + 1) as f64,
+            _ => false,
         }
     }
 
@@ -359,6 +403,52 @@ mod tests {
         }
         let first = caps.iter().position(|c| *c != DraftCap::AtMost(0));
         assert_eq!(first, Some(19), "{caps:?}");
+    }
+
+    /// A drafter with a model that drafts poorly: plain steps of `t1`, drafts of `d` each never accepted, and
+    /// `e` seconds of reading per token it missed. Returns the caps handed out and the model.
+    fn back_off_with_reading(rounds: usize, t1: f64, d: f64, e: f64) -> (Vec<DraftCap>, CostModel) {
+        let mut m = CostModel::with_drafter_prefill(d);
+        let (mut caps, mut unread) = (Vec::new(), 0);
+        for round in 0..rounds {
+            let cap = m.next_cap(1000);
+            caps.push(cap);
+            match cap {
+                DraftCap::AtMost(0) => {
+                    m.record(0, 0, 0.0, t1);
+                    // The prefill and t₁ rounds come before the drafter starts: it reads them with the prompt.
+                    unread = if round < 2 { 0 } else { unread + 1 };
+                }
+                DraftCap::AtMost(g) => {
+                    m.record(g, 0, g as f64 * d + std::mem::take(&mut unread) as f64 * e, t1);
+                }
+                DraftCap::Unlimited => unreachable!("the cost model always caps"),
+            }
+        }
+        (caps, m)
+    }
+
+    #[test]
+    fn a_probe_after_a_back_off_counts_its_reading_apart_from_its_drafts() {
+        // Reading a missed token costs 5% of a step: below what the probes can win back, so they go on.
+        let (caps, m) = back_off_with_reading(120, 0.01, 0.006, 0.0005);
+        let probes = caps.iter().skip(4).filter(|c| **c != DraftCap::AtMost(0)).count();
+        assert!(probes >= 3, "{caps:?}");
+        assert!((m.draft.unwrap() - 0.006).abs() < 1e-9, "the draft cost took in the reading: {:?}", m.draft);
+        assert!((m.read_cost.unwrap() - 0.0005).abs() < 1e-9, "{:?}", m.read_cost);
+    }
+
+    #[test]
+    fn probes_stop_when_the_reading_they_cost_cannot_pay() {
+        // Reading a missed token costs 30% of a step, more than drafting could ever save: after the first failed
+        // probe the drafter is never called again.
+        let (caps, m) = back_off_with_reading(200, 0.01, 0.006, 0.003);
+        assert_eq!(m.setup, Setup::Declined, "{caps:?}");
+        let last_draft = caps.iter().rposition(|c| *c != DraftCap::AtMost(0)).unwrap();
+        assert!(last_draft < 40, "{caps:?}");
+        // Without a model of its own (prompt lookup), a drafter reads nothing and keeps probing.
+        let caps = simulate(200, 0.01, 0.006, 0.0, |_| 0);
+        assert!(caps[100..].iter().any(|c| *c != DraftCap::AtMost(0)), "{caps:?}");
     }
 
     #[test]
