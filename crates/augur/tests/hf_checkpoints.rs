@@ -14,7 +14,7 @@ use augur::nn::{Embedding, LinearPath};
 use augur::pipeline::{LoadedLm, Pipeline};
 use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Tensor};
-use common::{fixtures, greedy, scratch};
+use common::{fixtures, greedy, scratch, write_random_llama, RandomLlama};
 
 /// The fixture `name` with every float tensor stored as `dtype`.
 fn fixture_as(name: &str, dtype: DType) -> PathBuf {
@@ -120,53 +120,6 @@ fn peak_rss() -> u64 {
     line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
 }
 
-/// A llama-shaped bf16 checkpoint of about 100 MB (random weights) in `dir`.
-#[cfg(target_os = "linux")]
-fn write_large_bf16(dir: &Path) {
-    let (h, f, layers, vocab) = (1024usize, 2816usize, 4usize, 16384usize);
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
-        "intermediate_size": f, "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": layers,
-        "vocab_size": vocab, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": true, "hidden_act": "silu", "torch_dtype": "bfloat16",
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut random = |shape: &[usize]| {
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-            })
-            .collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap()
-    };
-    let mut t: HashMap<String, Tensor> = HashMap::new();
-    t.insert("model.embed_tokens.weight".into(), random(&[vocab, h]));
-    t.insert("model.norm.weight".into(), Tensor::ones(h, DType::BF16, &Device::Cpu).unwrap());
-    for l in 0..layers {
-        let p = format!("model.layers.{l}");
-        for (name, shape) in [
-            ("self_attn.q_proj", [h, h]),
-            ("self_attn.k_proj", [h / 4, h]),
-            ("self_attn.v_proj", [h / 4, h]),
-            ("self_attn.o_proj", [h, h]),
-            ("mlp.gate_proj", [f, h]),
-            ("mlp.up_proj", [f, h]),
-            ("mlp.down_proj", [h, f]),
-        ] {
-            t.insert(format!("{p}.{name}.weight"), random(&shape));
-        }
-        for norm in ["input_layernorm", "post_attention_layernorm"] {
-            t.insert(format!("{p}.{norm}.weight"), Tensor::ones(h, DType::BF16, &Device::Cpu).unwrap());
-        }
-    }
-    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
-}
-
 /// Loading a bf16 checkpoint and decoding with it raises this process's peak resident memory by at most the
 /// file plus 10% (the KV cache of a few tokens is small): widening the weights to f32, as the dequantized
 /// load does, would take twice the file. Runs in a child process of its own, where no other test's memory
@@ -187,7 +140,9 @@ fn a_bf16_checkpoint_holds_no_more_than_its_file() {
         return;
     }
     let dir = scratch("large-bf16");
-    write_large_bf16(&dir);
+    // A llama-shaped bf16 checkpoint of about 100 MB.
+    let shape = RandomLlama { hidden: 1024, intermediate: 2816, layers: 4, vocab: 16384, max_positions: 512 };
+    write_random_llama(&dir, &shape);
     let file = std::fs::metadata(dir.join("model.safetensors")).unwrap().len();
     let growth = |dequantize: bool| -> u64 {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap());

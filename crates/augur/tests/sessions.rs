@@ -9,10 +9,10 @@ use std::sync::{Arc, Barrier};
 use augur::generation::config::GenerationOptions;
 use augur::generation::stopping::FinishReason;
 use augur::models::{ForwardOptions, LogitRows};
-use augur::pipeline::{CallOptions, Prompt};
+use augur::pipeline::{Assistant, CallOptions, Pipeline, Prompt};
 use augur::speculation::method::MethodName;
 use augur::speculation::BackoffPolicy;
-use common::{fixtures, greedy, load, pipeline};
+use common::{fixtures, greedy, load, pipeline, scratch, write_random_llama, RandomLlama};
 
 const PROMPTS: [&str; 4] = ["The quick brown fox", "Once upon a time there", "1, 2, 3, 4, 5,", "def main():\n    x ="];
 
@@ -406,12 +406,26 @@ fn a_backed_off_early_exit_prefills_the_whole_prompt() {
     assert_eq!(again.tokens, alone.tokens);
 }
 
-/// `auto` with an assistant that shares the target's tokenizer drafts from it, and its output is plain greedy
-/// output. (Before, the assistant's first draft, its probe, had to promise the 5% over a plain step that only
-/// a measured draft can promise, so `auto` never drafted from the assistant.)
+/// `auto` with an assistant that shares the target's tokenizer and costs a small part of its step drafts from
+/// it, and its output is plain greedy output. (Before, the assistant's first draft, its probe, had to promise
+/// the 5% over a plain step that only a measured draft can promise, so `auto` never drafted from the
+/// assistant.) The target is a random llama of 24 M parameters with the fixtures' tokenizer, its step some twenty
+/// times the assistant's (`tiny-llama-assistant`): with an assistant as costly as its target, as `tiny-llama` is,
+/// `auto` rightly declines it, and only a mismeasured step could have it draft.
 #[test]
 fn auto_drafts_from_the_assistant() {
-    let pipe = pipeline("tiny-llama", Some("tiny-llama-assistant"));
+    let dir = scratch("wide-llama");
+    for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
+        std::fs::copy(fixtures().join("tiny-llama").join(file), dir.join(file)).unwrap();
+    }
+    write_random_llama(
+        &dir,
+        &RandomLlama { hidden: 512, intermediate: 1536, layers: 8, vocab: 448, max_positions: 512 },
+    );
+    let target = load(&dir, false);
+    let assistant =
+        Assistant::load(&fixtures().join("tiny-llama-assistant"), &Default::default(), &target.tokenizer).unwrap();
+    let pipe = Pipeline { target, assistant: Some(assistant), defaults: GenerationOptions::default() };
     let prompt = pipe.encode(&Prompt::Text(PROMPTS[1].into()), true).unwrap();
     let plain = CallOptions { method: Some(MethodName::Plain), ..CallOptions::new(greedy(64)) };
     let auto = CallOptions { method: Some(MethodName::Auto), ..CallOptions::new(greedy(64)) };

@@ -183,3 +183,62 @@ pub fn assert_greedy_ensemble_is_applied(target: &str, assistant: Option<&str>, 
 }
 
 pub mod exact;
+
+/// The shape of a llama-architecture checkpoint of random weights: 4 query heads per key/value head, head
+/// dimension `hidden / 16`, tied embeddings, stored as bf16.
+pub struct RandomLlama {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub vocab: usize,
+    pub max_positions: usize,
+}
+
+/// Writes `config.json` and `model.safetensors` of a [`RandomLlama`] into `dir` (weights uniform in ±0.05 from
+/// a fixed xorshift seed, norms 1): a model as costly as a test needs, without a committed file.
+pub fn write_random_llama(dir: &std::path::Path, shape: &RandomLlama) {
+    use candle_core::{DType, Device, Tensor};
+    let RandomLlama { hidden: h, intermediate: f, layers, vocab, max_positions } = *shape;
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+        "intermediate_size": f, "num_attention_heads": 16, "num_key_value_heads": 4, "num_hidden_layers": layers,
+        "vocab_size": vocab, "max_position_embeddings": max_positions, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu", "torch_dtype": "bfloat16",
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut random = |shape: &[usize]| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap().to_dtype(DType::BF16).unwrap()
+    };
+    let ones = || Tensor::ones(h, DType::BF16, &Device::Cpu).unwrap();
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    t.insert("model.embed_tokens.weight".into(), random(&[vocab, h]));
+    t.insert("model.norm.weight".into(), ones());
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        for (name, shape) in [
+            ("self_attn.q_proj", [h, h]),
+            ("self_attn.k_proj", [h / 4, h]),
+            ("self_attn.v_proj", [h / 4, h]),
+            ("self_attn.o_proj", [h, h]),
+            ("mlp.gate_proj", [f, h]),
+            ("mlp.up_proj", [f, h]),
+            ("mlp.down_proj", [h, f]),
+        ] {
+            t.insert(format!("{p}.{name}.weight"), random(&shape));
+        }
+        for norm in ["input_layernorm", "post_attention_layernorm"] {
+            t.insert(format!("{p}.{norm}.weight"), ones());
+        }
+    }
+    candle_core::safetensors::save(&t, dir.join("model.safetensors")).unwrap();
+}
