@@ -16,7 +16,7 @@ use augur::generation::config::GenerationOptions;
 use augur::generation::output::TokenLogprob;
 use augur::io::resolve::resolve_model;
 use augur::models;
-use augur::pipeline::{self, Assistant, CallOptions, LoadedLm, Pipeline, Sinks};
+use augur::pipeline::{self, Assistant, CallOptions, LoadedGemma4Assistant, LoadedLm, Pipeline, Sinks};
 use augur::speculation::suffix_cache::{SuffixCache, SuffixCacheRef, DEFAULT_SUFFIX_CACHE_TOKENS};
 use augur::tokenizer::{ChatMessage, Tokenizer as EngineTokenizer};
 use augur::Error;
@@ -208,18 +208,9 @@ impl Model {
                 let quantize = quantization.map(models::QuantizeOnLoad::parse).transpose()?;
                 let path = resolve_model(Some(spec))?;
                 if models::is_gemma4_assistant(&path)? {
-                    if quantize.is_some() {
-                        return Err(Error::InvalidOption(format!(
-                            "{}: Gemma 4's assistant is not quantized at load",
-                            path.display()
-                        )));
-                    }
+                    LoadedGemma4Assistant::refuse_quantize(&path, quantize)?;
                     let config = models::ModelConfig::from_hf_file(&path.join("config.json"))?;
-                    let tokenizer = if path.join("tokenizer.json").is_file() {
-                        Some(Arc::new(EngineTokenizer::from_hf_dir(&path)?))
-                    } else {
-                        None
-                    };
+                    let tokenizer = LoadedGemma4Assistant::own_tokenizer(&path)?.map(Arc::new);
                     let weights = Weights::Gemma4Assistant { path: path.clone(), loaded: None };
                     return Ok((weights, tokenizer, path, config, false, "{}".to_string()));
                 }

@@ -21,6 +21,7 @@ use crate::models::mtp::MtpHead;
 use crate::models::{self, CausalLm, ModelConfig, WeightsInfo};
 use crate::speculation::factory::{self, AssistantParts, AssistantRef, DraftParts};
 use crate::speculation::method::{self, Available, LoadedModel, MethodName};
+use crate::speculation::methods::keep_default_head;
 pub use crate::speculation::methods::LoadedGemma4Assistant;
 use crate::speculation::suffix_cache::SuffixCacheRef;
 use crate::speculation::{speculative, BackoffPolicy};
@@ -157,7 +158,11 @@ impl Assistant {
     pub fn load(path: &Path, opts: &models::LoadOptions, shared: &Arc<Tokenizer>) -> Result<Self> {
         Ok(match LoadedGemma4Assistant::load_if_at(path, opts, shared)? {
             Some(a) => Assistant::Gemma4(a),
-            None => Assistant::Lm(LoadedLm::load_sharing(path, opts, Some(shared))?),
+            None => {
+                let lm = LoadedLm::load_sharing(path, opts, Some(shared))?;
+                keep_default_head(lm.model.as_ref(), &lm.tokenizer)?;
+                Assistant::Lm(lm)
+            }
         })
     }
 

@@ -57,6 +57,11 @@ fn reduced_draft_vocabulary_on_the_real_model() {
     lm.model.truncate(0);
 
     let assistant = Assistant::load(&real_model(FILE), &Default::default(), &lm.tokenizer).unwrap();
+    // Loading gathered the default draft vocabulary's head and kept it on the model: the part handed out now
+    // is that one (a part not kept is gathered afresh on each ask), so the first call does not gather it.
+    let Assistant::Lm(a) = &assistant else { panic!("a causal LM assistant") };
+    let kept = a.model.head_part(&top, false).unwrap().unwrap();
+    assert!(Arc::ptr_eq(&kept, &a.model.head_part(&top, false).unwrap().unwrap()), "no head part kept at load");
     let mut pipe = Pipeline { target: lm, assistant: None, defaults: GenerationOptions::default() };
     let prompt = pipe.target.tokenizer.encode("import numpy as np\n\ndef softmax(x):\n", false).unwrap();
     let base = GenerationOptions { max_new_tokens: Some(32), eos_token_id: Some(vec![]), ..Default::default() };

@@ -221,23 +221,23 @@ impl CostModel {
             return;
         }
         if gamma == 0 {
-            self.plain = Some(ema(self.plain, verify_seconds));
+            self.plain = Some(ema(self.plain, verify_seconds, DECAY));
             self.unread += 1;
             return;
         }
         if let Some(t1) = self.plain {
-            self.verify = Some(ema(self.verify, ((verify_seconds - t1) / gamma as f64).max(0.0)));
+            self.verify = Some(ema(self.verify, ((verify_seconds - t1) / gamma as f64).max(0.0), DECAY));
         }
         let unread = std::mem::take(&mut self.unread);
         if self.setup == Setup::Starting {
             self.setup = Setup::None;
         } else if self.reads_missed && unread > 0 {
             if let Some(d) = self.draft {
-                let reading = (draft_seconds - gamma as f64 * d).max(0.0);
-                self.read_cost = Some(ema(self.read_cost, reading / unread as f64));
+                let e = reading_per_token(draft_seconds, gamma, d, unread);
+                self.read_cost = Some(ema(self.read_cost, e, DECAY));
             }
         } else {
-            self.draft = Some(ema(self.draft, draft_seconds / gamma as f64));
+            self.draft = Some(ema(self.draft, draft_seconds / gamma as f64, DECAY));
         }
         self.count(gamma, accepted);
         if std::mem::take(&mut self.probing) {
@@ -290,11 +290,16 @@ pub(crate) fn best_length(alpha: f64, per_draft: f64, max: usize, floor: f64) ->
     (best, best_rate)
 }
 
-fn ema(old: Option<f64>, x: f64) -> f64 {
-    match old {
-        Some(o) => DECAY * o + (1.0 - DECAY) * x,
-        None => x,
-    }
+/// The decayed average of the estimate `old` and the new measurement `x` (`x` itself when there is none yet).
+pub(crate) fn ema(old: Option<f64>, x: f64, decay: f64) -> f64 {
+    old.map_or(x, |o| decay * o + (1.0 - decay) * x)
+}
+
+/// The reading cost per token of a round in which a drafter with a model of its own first read the `unread`
+/// tokens accepted without it and then drafted `drafts` at `per_draft` each: what the round's drafting took
+/// (`draft_cost`, in any unit) beyond its drafts, per token.
+pub(crate) fn reading_per_token(draft_cost: f64, drafts: usize, per_draft: f64, unread: usize) -> f64 {
+    (draft_cost - drafts as f64 * per_draft).max(0.0) / unread.max(1) as f64
 }
 
 #[cfg(test)]

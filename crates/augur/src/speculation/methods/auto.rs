@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::generation::config::GenerationConfig;
 use crate::generation::output::GenerationStats;
 use crate::models::{CausalLm, ModelConfig};
-use crate::speculation::cost_model::{self, Prefill};
+use crate::speculation::cost_model::{self, ema, Prefill};
 use crate::speculation::drafter::{Draft, Drafter};
 use crate::speculation::factory::{missing, DraftParts};
 use crate::speculation::method::{Available, SpeculationMethod};
@@ -356,7 +356,7 @@ impl Drafter for Auto<'_> {
         }
         match round.lane {
             Lane::Prefill => self.prefill = Some(seconds),
-            Lane::Plain => self.t1 = Some(ema(self.t1, seconds)),
+            Lane::Plain => self.t1 = Some(ema(self.t1, seconds, DECAY)),
             Lane::Suffix { predicted } => {
                 self.calibration.add(accepted as f64, predicted);
                 self.measure_rows(round.rows, seconds);
@@ -379,9 +379,8 @@ impl Drafter for Auto<'_> {
                     (false, 0) => Some(round.draft_seconds / round.rows.max(1) as f64),
                     (false, _) => {
                         if let (Some(d), Some(t1)) = (self.draft_cost, self.t1) {
-                            let reading = (round.draft_seconds / t1 - round.rows as f64 * d).max(0.0);
-                            let e = reading / unread as f64;
-                            self.read_cost = Some(ema(self.read_cost, e));
+                            let e = cost_model::reading_per_token(round.draft_seconds / t1, round.rows, d, unread);
+                            self.read_cost = Some(ema(self.read_cost, e, DECAY));
                         }
                         None
                     }
@@ -389,17 +388,12 @@ impl Drafter for Auto<'_> {
                 if let (Some(s), Some(t1)) = (per_draft, self.t1) {
                     // The first measurement replaces the stand-in for d rather than averaging with it.
                     let old = if first { None } else { self.draft_cost };
-                    self.draft_cost = Some(ema(old, s / t1));
+                    self.draft_cost = Some(ema(old, s / t1, DECAY));
                 }
             }
         }
         Ok(())
     }
-}
-
-/// `x` folded into the running estimate `old` at [`DECAY`]; the first measurement stands alone.
-fn ema(old: Option<f64>, x: f64) -> f64 {
-    old.map_or(x, |o| DECAY * o + (1.0 - DECAY) * x)
 }
 
 impl Auto<'_> {

@@ -23,7 +23,7 @@ use crate::generation::decode::{check_finite, ASSISTANT};
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
 use crate::models::gemma4_assistant::{Gemma4Assistant, SharedKv};
-use crate::models::{self, CausalLm, LayerKind, LoadOptions};
+use crate::models::{self, CausalLm, LayerKind, LoadOptions, QuantizeOnLoad};
 use crate::speculation::drafter::{Draft, Drafter, TargetReads};
 use crate::speculation::factory::{AssistantParts, AssistantRef};
 use crate::tokenizer::Tokenizer;
@@ -48,19 +48,29 @@ impl LoadedGemma4Assistant {
         if !models::is_gemma4_assistant(path)? {
             return Ok(None);
         }
-        if let Some(q) = opts.quantize {
-            return Err(Error::InvalidOption(format!(
-                "{}: Gemma 4's assistant is not quantized at load ({} asked for)",
-                path.display(),
-                q.name()
-            )));
-        }
+        Self::refuse_quantize(path, opts.quantize)?;
         let model = Arc::new(models::load_gemma4_assistant(path, &Device::Cpu)?);
         let gc = path.join("generation_config.json");
         let defaults = if gc.exists() { GenerationOptions::from_json_file(&gc)? } else { GenerationOptions::default() };
-        let tokenizer =
-            if path.join("tokenizer.json").exists() { Arc::new(Tokenizer::from_hf_dir(path)?) } else { shared.clone() };
+        let tokenizer = Self::own_tokenizer(path)?.map_or_else(|| shared.clone(), Arc::new);
         Ok(Some(Self { path: path.to_path_buf(), model, tokenizer, defaults }))
+    }
+
+    /// The error for quantizing the assistant at `path` on load, which is never done.
+    pub fn refuse_quantize(path: &Path, quantize: Option<QuantizeOnLoad>) -> Result<()> {
+        match quantize {
+            Some(q) => Err(Error::InvalidOption(format!(
+                "{}: Gemma 4's assistant is not quantized at load ({} asked for)",
+                path.display(),
+                q.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The tokenizer stored with the assistant at `path`, if any (without one it works in its target's).
+    pub fn own_tokenizer(path: &Path) -> Result<Option<Tokenizer>> {
+        path.join("tokenizer.json").exists().then(|| Tokenizer::from_hf_dir(path)).transpose()
     }
 
     /// What its drafter borrows for a call whose assistant configuration is `config`.

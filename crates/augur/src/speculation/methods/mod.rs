@@ -30,7 +30,7 @@ pub const REGISTRY: &[Method] = &[
     dummy::METHOD,
 ];
 
-pub use assistant::AssistantModel;
+pub use assistant::{keep_default_head, AssistantModel};
 pub use early_exit::EarlyExit;
 pub use gemma4_assistant::{Gemma4AssistantDrafter, LoadedGemma4Assistant};
 pub use mtp::MtpDrafter;
