@@ -160,7 +160,7 @@ impl Assistant {
             Some(a) => Assistant::Gemma4(a),
             None => {
                 let lm = LoadedLm::load_sharing(path, opts, Some(shared))?;
-                keep_default_head(lm.model.as_ref(), &lm.tokenizer)?;
+                keep_default_head(lm.model.as_ref(), &lm.tokenizer, shared)?;
                 Assistant::Lm(lm)
             }
         })

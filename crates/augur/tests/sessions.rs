@@ -9,10 +9,10 @@ use std::sync::{Arc, Barrier};
 use augur::generation::config::GenerationOptions;
 use augur::generation::stopping::FinishReason;
 use augur::models::{ForwardOptions, LogitRows};
-use augur::pipeline::{Assistant, CallOptions, Pipeline, Prompt};
+use augur::pipeline::{CallOptions, Prompt};
 use augur::speculation::method::MethodName;
 use augur::speculation::BackoffPolicy;
-use common::{fixtures, greedy, load, pipeline, scratch, write_random_llama, RandomLlama};
+use common::{fixtures, greedy, load, pipeline, pipeline_at, scratch, write_random_llama, RandomLlama};
 
 const PROMPTS: [&str; 4] = ["The quick brown fox", "Once upon a time there", "1, 2, 3, 4, 5,", "def main():\n    x ="];
 
@@ -422,10 +422,7 @@ fn auto_drafts_from_the_assistant() {
         &dir,
         &RandomLlama { hidden: 512, intermediate: 1536, layers: 8, vocab: 448, max_positions: 512 },
     );
-    let target = load(&dir, false);
-    let assistant =
-        Assistant::load(&fixtures().join("tiny-llama-assistant"), &Default::default(), &target.tokenizer).unwrap();
-    let pipe = Pipeline { target, assistant: Some(assistant), defaults: GenerationOptions::default() };
+    let pipe = pipeline_at(&dir, Some(&fixtures().join("tiny-llama-assistant")));
     let prompt = pipe.encode(&Prompt::Text(PROMPTS[1].into()), true).unwrap();
     let plain = CallOptions { method: Some(MethodName::Plain), ..CallOptions::new(greedy(64)) };
     let auto = CallOptions { method: Some(MethodName::Auto), ..CallOptions::new(greedy(64)) };

@@ -65,10 +65,14 @@ pub fn load(path: &std::path::Path, dequantize: bool) -> LoadedLm {
 }
 
 pub fn pipeline(target: &str, assistant: Option<&str>) -> Pipeline {
-    let t = load(&fixtures().join(target), false);
-    let a = assistant.map(|a| {
-        let path = fixtures().join(a);
-        Assistant::load(&path, &Default::default(), &t.tokenizer).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    pipeline_at(&fixtures().join(target), assistant.map(|a| fixtures().join(a)).as_deref())
+}
+
+/// A pipeline of the target at `target` and the assistant at `assistant`, directories or files.
+pub fn pipeline_at(target: &std::path::Path, assistant: Option<&std::path::Path>) -> Pipeline {
+    let t = load(target, false);
+    let a = assistant.map(|path| {
+        Assistant::load(path, &Default::default(), &t.tokenizer).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     });
     Pipeline { target: t, assistant: a, defaults: GenerationOptions::default() }
 }

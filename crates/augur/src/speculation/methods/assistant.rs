@@ -26,7 +26,7 @@ use crate::models::{CausalLm, ForwardOptions, HeadSubset, LogitRows};
 use crate::speculation::draft_vocab;
 use crate::speculation::drafter::{one_step_seconds, Draft, Drafter};
 use crate::speculation::factory::{missing, AssistantRef, DraftParts};
-use crate::speculation::method::{Available, LoadedModel, SpeculationMethod};
+use crate::speculation::method::{Available, SpeculationMethod};
 use crate::speculation::registry::{self, Method};
 use crate::tokenizer::Tokenizer;
 
@@ -64,7 +64,7 @@ fn resolve(cfg: &GenerationConfig, models: &Available<'_>) -> Result<Speculation
             )));
         }
         Ok(SpeculationMethod::Gemma4Assistant)
-    } else if same_tokenizer(target, a) {
+    } else if same_tokenizer(target.tokenizer, a.tokenizer) {
         Ok(SpeculationMethod::Assistant)
     } else if cfg.do_sample {
         Ok(SpeculationMethod::UniversalSampling)
@@ -75,8 +75,7 @@ fn resolve(cfg: &GenerationConfig, models: &Available<'_>) -> Result<Speculation
 
 /// Whether the assistant can draft target ids directly: the same vocabulary and the same encodings (the
 /// embeddings may still differ by padding rows). Otherwise the universal methods translate.
-fn same_tokenizer(target: &LoadedModel<'_>, assistant: &LoadedModel<'_>) -> bool {
-    let (target, assistant): (&Tokenizer, &Tokenizer) = (target.tokenizer, assistant.tokenizer);
+fn same_tokenizer(target: &Tokenizer, assistant: &Tokenizer) -> bool {
     let probe = ["Hello, world!", " def main():\n    return 42", "Ünïcödé ✓ 日本語"];
     target.vocab_size() == assistant.vocab_size()
         && probe
@@ -135,8 +134,12 @@ fn frequent_ids(size: Option<usize>, cost_aware: bool, vocab: usize, tokenizer: 
 
 /// Gathers the default draft vocabulary's head rows of the assistant `model` (ranked by its `tokenizer`) and
 /// keeps them on the model, as its first call would: done when the assistant loads, so that the first call
-/// does not pay for the gather (on a 152 k-row head, more than reading its prompt).
-pub fn keep_default_head(model: &dyn CausalLm, tokenizer: &Tokenizer) -> Result<()> {
+/// does not pay for the gather (on a 152 k-row head, more than reading its prompt). Only for an assistant that
+/// drafts the target's ids (its tokenizer is `target`'s): the universal methods draft from the whole head.
+pub fn keep_default_head(model: &dyn CausalLm, tokenizer: &Tokenizer, target: &Tokenizer) -> Result<()> {
+    if !same_tokenizer(target, tokenizer) {
+        return Ok(());
+    }
     if let Some(top) = frequent_ids(None, true, model.config().vocab_size, tokenizer) {
         model.head_part(&top, true)?;
     }
