@@ -12,6 +12,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use augur::engine;
 use augur::generation::config::GenerationOptions;
 use augur::generation::output::TokenLogprob;
 use augur::io::resolve::resolve_model;
@@ -438,33 +439,16 @@ impl Job {
         result
     }
 
-    /// Runs the rows: one row (or a model that cannot fork, one with MTP layers) on `pipe`; several each on a
-    /// fork of it, on threads of their own, so that their forwards run as batched forwards (each row gets the
-    /// numbers it would get alone).
+    /// Runs the rows on `pipe` and forks of it, at once, so that their forwards run as batched forwards (each row
+    /// gets the numbers it would get alone; see `engine::run_forked`).
     fn rows_through(
         &self,
         pipe: &mut Pipeline,
         stream: Option<mpsc::Sender<Vec<u32>>>,
     ) -> augur::Result<Vec<(Vec<u32>, String, String)>> {
-        let forks = match self.rows.len() {
-            0 | 1 => None,
-            n => (1..n).map(|_| pipe.fork()).collect::<augur::Result<Vec<_>>>().ok(),
-        };
-        let Some(mut forks) = forks else {
-            return self.rows.iter().map(|row| self.row_through(pipe, row, stream.as_ref())).collect();
-        };
-        std::thread::scope(|s| {
-            let first = s.spawn(|| self.row_through(pipe, &self.rows[0], None));
-            let rest: Vec<_> = forks
-                .iter_mut()
-                .zip(&self.rows[1..])
-                .map(|(fork, row)| s.spawn(move || self.row_through(fork, row, None)))
-                .collect();
-            std::iter::once(first)
-                .chain(rest)
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Generation("a row's thread panicked".into()))))
-                .collect()
-        })
+        engine::run_forked(pipe, self.rows.len(), |i, p| self.row_through(p, &self.rows[i], stream.as_ref()))
+            .into_iter()
+            .collect()
     }
 
     /// One row's generation: its new tokens, finish reason and stats (JSON).

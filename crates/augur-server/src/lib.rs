@@ -1,21 +1,20 @@
 //! An OpenAI-compatible HTTP server over augur's pipeline (`augur serve` runs it).
 //!
 //! HTTP is hyper's on tokio, under axum's router, with our accept loop for the connection cap and the deadlines
-//! (`net`); generation stays on the engine's threads. Every admitted request runs as its
-//! own sequence (a fork of the loaded pipeline: shared weights, its own KV cache and drafter state) on a thread
-//! of its own, which sends its text to the async handler through a channel; up to `parallel` sequences run at
-//! once, and the forwards they call at the same time run as one batched forward (linear layers over the rows of
+//! (`net`); generation stays on the engine's threads (`augur::engine`). Every admitted request runs as its
+//! own sequence (a fork of the loaded pipeline from the engine's idle pool: shared weights, its own KV cache and
+//! drafter state) on a thread of its own, which sends its text to the async handler through a channel; up to
+//! `parallel` sequences run at once (the engine's admission), and the forwards they call at the same time run as one batched forward (linear layers over the rows of
 //! all of them, attention per sequence; see `augur::models::batching::Batched`). Up to `queue` more wait for a slot;
 //! beyond that the server answers 429. Each sequence's speculation pauses under load or when its drafts stop
 //! being accepted, without changing its output.
 //!
 //! One concern per file: the router and its handlers (`routes`), API keys (`auth`), the checks a request passes
-//! against the loaded model (`validation`), admission (`admission`), a request's engine thread (`sequence`),
+//! against the loaded model (`validation`), a request's engine thread (`sequence`),
 //! whole and streamed answers (`streaming`), responses and errors (`reply`), what handlers share (`state`),
 //! OpenAI's bodies (`api`), connections (`net`) and `/metrics` (`metrics`). This file keeps the public surface:
 //! [`ServeConfig`] and [`serve`].
 
-mod admission;
 mod api;
 mod auth;
 mod metrics;

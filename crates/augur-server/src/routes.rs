@@ -90,7 +90,7 @@ async fn models(State(app): State<Shared>) -> Response {
 }
 
 async fn metrics_text(State(app): State<Shared>) -> Response {
-    let (active, queued) = app.server.get().map_or((0, 0), |s| s.scheduler.gauges());
+    let (active, queued) = app.server.get().map_or((0, 0), |s| s.engine.admission().gauges());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render(active, queued)).into_response()
 }
 

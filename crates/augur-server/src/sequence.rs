@@ -1,5 +1,5 @@
-//! A generation request's engine side, on a thread of its own: admission, a fork per choice, the generations,
-//! and what they tell the handler.
+//! A generation request's engine side, on a thread of its own: the engine's admission and a sequence per
+//! choice, the generations, and what they tell the handler.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,10 +59,12 @@ pub(crate) fn sequence(
         }
     };
     let n = job.req.n;
-    let Some(permit) = server.scheduler.admit(n) else {
+    let engine = &server.engine;
+    let Some(admitted) = engine.admit(n) else {
         let e = ApiError::bad(format!(
             "the server is busy: {} sequences running and {} waiting; retry later",
-            server.scheduler.slots, server.scheduler.queue
+            engine.admission().slots(),
+            engine.admission().queue()
         ))
         .with(429, "rate_limit_error", "queue_full");
         let _ = tx.send(Msg::Refused(e));
@@ -72,17 +74,13 @@ pub(crate) fn sequence(
     if cancel.load(Ordering::Relaxed) {
         return; // the client left while it waited
     }
-    let mut pipes = Vec::with_capacity(n);
-    for _ in 0..n {
-        match server.sequence_for(&job.prompt_ids, &job.owner) {
-            Ok(p) => pipes.push(p),
-            Err(e) => {
-                server.release(pipes, &job.owner);
-                let _ = tx.send(Msg::Refused(ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed")));
-                return;
-            }
+    let mut running = match admitted.sequences(&job.prompt_ids, &job.owner) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = tx.send(Msg::Refused(ApiError::bad(e.to_string()).with(500, "server_error", "fork_failed")));
+            return;
         }
-    }
+    };
     let chat = job.req.chat;
     let meta = Meta {
         id: format!("{}-{}", if chat { "chatcmpl" } else { "cmpl" }, server.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -93,8 +91,8 @@ pub(crate) fn sequence(
     let _ = tx.send(Msg::Started(meta));
     // A streamed request for log-probabilities sends its text block by block, each with its tokens' entries.
     let streamed_logprobs = job.req.stream && job.req.logprobs.is_some();
-    // A choice's output, with the time of its first text.
-    let run = |index: usize, pipe: &mut Pipeline| {
+    // A choice's output, with the time of its first text. The choices run at once, so that their forwards batch.
+    let ran = running.run(|index: usize, pipe: &mut Pipeline| {
         let mut first = None;
         let pending = RefCell::new(String::new());
         let send = |text: String, logprobs: Option<serde_json::Value>| {
@@ -126,32 +124,14 @@ pub(crate) fn sequence(
         if !rest.is_empty() {
             send(rest, None);
         }
-        (out, first, arrival.elapsed())
-    };
-    let ran: Vec<_> = if n == 1 {
-        vec![run(0, &mut pipes[0])]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = pipes.iter_mut().enumerate().map(|(i, p)| s.spawn(move || run(i, p))).collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        (Err(augur::Error::Generation("a choice's thread panicked".into())), None, arrival.elapsed())
-                    })
-                })
-                .collect()
-        })
-    };
-    server.release(pipes, &job.owner);
-    drop(permit);
-    for (out, first_token, total) in &ran {
-        if let Ok(o) = out {
-            let timings = metrics::Timings { queue, first_token: *first_token, total: *total };
-            app.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled, &timings);
-        }
+        out.map(|o| (o, first, arrival.elapsed()))
+    });
+    drop(running);
+    for (o, first_token, total) in ran.iter().flatten() {
+        let timings = metrics::Timings { queue, first_token: *first_token, total: *total };
+        app.metrics.generation(&o.stats, o.finish_reason == FinishReason::Cancelled, &timings);
     }
-    let results: Vec<_> = ran.into_iter().map(|(out, ..)| out).collect();
+    let results: Vec<_> = ran.into_iter().map(|r| r.map(|(o, ..)| o)).collect();
     log_generation(&id, &job, &results, queue, arrival.elapsed());
     let _ = tx.send(Msg::Done(results));
 }

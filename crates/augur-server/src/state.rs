@@ -2,10 +2,11 @@
 //! before it is loaded ([`App`]).
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
+use augur::engine::Engine;
 use augur::generation::config::GenerationOptions;
 use augur::pipeline::Pipeline;
 use augur::speculation::method::MethodName;
@@ -13,7 +14,6 @@ use augur::speculation::suffix_cache::SuffixCache;
 use augur::tokenizer::Tokenizer;
 use tokio::sync::watch;
 
-use crate::admission::Scheduler;
 use crate::api::ApiError;
 use crate::metrics::Metrics;
 use crate::ServeConfig;
@@ -23,10 +23,9 @@ pub(crate) struct Server {
     pub(crate) model_id: String,
     /// Other names a request may use for the model (its path, the name it was loaded by).
     pub(crate) aliases: Vec<String>,
-    pub(crate) template: Mutex<Pipeline>,
-    /// Idle sequences (forks of `template`) kept with their caches, which a request that begins as their last
+    /// Admission, and the idle sequences kept with their caches, which a request that begins as their last
     /// one did reuses (`cache_prompt`).
-    pub(crate) idle: Mutex<Vec<Idle>>,
+    pub(crate) engine: Engine,
     pub(crate) tokenizer: Arc<Tokenizer>,
     /// Tokens per sequence: the model's context, or `--ctx-size` below it.
     pub(crate) context: usize,
@@ -43,43 +42,8 @@ pub(crate) struct Server {
     /// Earlier outputs, for suffix decoding (per key).
     pub(crate) suffix_cache: Arc<SuffixCache>,
     pub(crate) speculation_max_load: usize,
-    pub(crate) scheduler: Scheduler,
     pub(crate) next_id: AtomicU64,
     pub(crate) started: u64,
-}
-
-/// An idle sequence and the owner (API key) of the request that last ran on it.
-pub(crate) struct Idle {
-    pub(crate) pipe: Pipeline,
-    pub(crate) owner: String,
-}
-
-impl Server {
-    /// A sequence for a request of `owner` whose prompt is `ids`: the idle one of the same owner whose cache
-    /// holds the longest prefix of it, else any idle one (its cache forgotten), else a new fork.
-    pub(crate) fn sequence_for(&self, ids: &[u32], owner: &str) -> augur::Result<Pipeline> {
-        let mut idle = lock(&self.idle);
-        let prefix = |i: &Idle| if i.owner == owner { i.pipe.target.cached_prefix(ids) } else { 0 };
-        let best = (0..idle.len()).max_by_key(|&i| (prefix(&idle[i]), i));
-        match best {
-            Some(i) => {
-                let Idle { mut pipe, owner: last } = idle.swap_remove(i);
-                if last != owner {
-                    pipe.target.forget_cache();
-                }
-                Ok(pipe)
-            }
-            None => {
-                drop(idle);
-                lock(&self.template).fork()
-            }
-        }
-    }
-
-    /// Returns `pipes`, last run for `owner`, to the idle pool.
-    pub(crate) fn release(&self, pipes: Vec<Pipeline>, owner: &str) {
-        lock(&self.idle).extend(pipes.into_iter().map(|pipe| Idle { pipe, owner: owner.to_string() }));
-    }
 }
 
 /// What every handler shares: the model once it is loaded, and what the server does before that.
@@ -109,13 +73,7 @@ pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 pub(crate) fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server> {
-    // The first sequence, forked now so that a model that cannot be forked fails at start, not per request.
-    let first = pipe.fork()?;
     let path = pipe.target.path.clone();
     let model_id = config.served_model_name.clone().unwrap_or_else(|| {
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string())
@@ -143,15 +101,13 @@ pub(crate) fn load_server(pipe: Pipeline, config: &ServeConfig) -> Result<Server
         },
         max_tokens_limit: config.max_tokens_limit,
         has_assistant: pipe.assistant.is_some(),
-        idle: Mutex::new(vec![Idle { pipe: first, owner: String::new() }]),
-        template: Mutex::new(pipe),
         speculation: config.speculation.clone(),
         default_method,
         suffix_cache: Arc::new(SuffixCache::new(config.suffix_cache_tokens)),
         speculation_max_load: config.speculation_max_load,
-        scheduler: Scheduler::new(config.parallel, config.queue),
         next_id: AtomicU64::new(1),
         started: now(),
+        engine: Engine::new(pipe, config.parallel, config.queue)?,
     })
 }
 

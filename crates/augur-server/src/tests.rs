@@ -2,7 +2,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use augur::generation::config::GenerationOptions;
 use augur::pipeline::Pipeline;
@@ -15,7 +14,6 @@ use serde_json::json;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use crate::admission::Scheduler;
 use crate::auth::api_keys;
 use crate::metrics::Metrics;
 use crate::routes::router;
@@ -426,51 +424,6 @@ async fn an_assistant_with_a_shorter_context_falls_back_to_plain() {
         assert_eq!(reply["choices"][0]["text"], text(&router, body(json!("off"))).await.as_str());
     }
     let _ = std::fs::remove_dir_all(&short);
-}
-
-/// Waits (only to catch a hang) until the scheduler's gauges satisfy `done`, and returns them.
-fn gauges_when(scheduler: &Scheduler, done: impl Fn((usize, usize)) -> bool) -> (usize, usize) {
-    let t0 = Instant::now();
-    loop {
-        let g = scheduler.gauges();
-        if done(g) {
-            return g;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(30), "stuck at {g:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Admission is first come first served: a request for 2 slots waiting for them is not passed by a later
-/// request for 1 that would fit (before, a steady stream of single requests could hold `n > 1` off forever).
-#[test]
-fn admission_is_first_come_first_served() {
-    let scheduler = Scheduler::new(2, 8);
-    let first = scheduler.admit(1).unwrap();
-    std::thread::scope(|s| {
-        let pair = s.spawn(|| {
-            let p = scheduler.admit(2).unwrap();
-            let running = scheduler.gauges().0;
-            drop(p);
-            running
-        });
-        gauges_when(&scheduler, |(_, waiting)| waiting == 1);
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let scheduler = &scheduler;
-        let single = s.spawn(move || {
-            let p = scheduler.admit(1).unwrap();
-            let _ = released.recv();
-            drop(p);
-        });
-        // The single request fits beside `first`, but it came after the pair: it waits.
-        let g = gauges_when(scheduler, |(running, waiting)| running == 2 || waiting == 2);
-        assert_eq!(g, (1, 2), "the later single request must queue behind the pair");
-        drop(first);
-        assert_eq!(pair.join().unwrap(), 2, "the pair ran with both slots");
-        release.send(()).unwrap();
-        single.join().unwrap();
-    });
-    assert_eq!(scheduler.gauges(), (0, 0));
 }
 
 /// Suffix decoding's cache of earlier answers is per API key: a key's repeated request drafts from its own

@@ -86,10 +86,14 @@ pub(crate) fn prepare(
     cancel: Arc<AtomicBool>,
 ) -> Result<Job, ApiError> {
     server.check_model(req.model.as_deref())?;
-    if req.n > server.scheduler.slots {
+    if req.n > server.engine.admission().slots() {
         return Err(ApiError::param(
             "n",
-            format!("`n` is {} but this server runs at most {} sequences at once", req.n, server.scheduler.slots),
+            format!(
+                "`n` is {} but this server runs at most {} sequences at once",
+                req.n,
+                server.engine.admission().slots()
+            ),
         ));
     }
     server.check_vocabulary(&req.stop_token_ids, |i| format!("stop_token_ids[{i}]"))?;
@@ -172,8 +176,7 @@ pub(crate) fn prepare(
         ));
     }
     api::check_knobs(&generation)?;
-    let backoff =
-        BackoffPolicy { running: Arc::clone(&server.scheduler.running), max_load: server.speculation_max_load };
+    let backoff = BackoffPolicy { running: server.engine.admission().running(), max_load: server.speculation_max_load };
     let call = CallOptions {
         generation,
         return_full_text: Some(req.echo),

@@ -8,6 +8,7 @@
 #![doc = include_str!("../../../README.md")]
 
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod fuzzing;
 pub mod generation;

@@ -6,6 +6,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Barrier};
 
+use augur::engine::{self, Engine};
 use augur::generation::config::GenerationOptions;
 use augur::generation::stopping::FinishReason;
 use augur::models::{ForwardOptions, LogitRows};
@@ -432,4 +433,56 @@ fn auto_drafts_from_the_assistant() {
     let assistant_rounds = got.stats.draft_sources.get("assistant").copied().unwrap_or(0);
     assert!(assistant_rounds > 0, "no round drafted from the assistant: {:?}", got.stats.draft_sources);
     assert_eq!(got.tokens, want.tokens);
+}
+
+/// The engine's idle pool: a sequence goes back with its cache when its request ends, a later request of the
+/// same owner whose prompt begins with it reuses it (only the rest is prefilled), and another owner's request
+/// never does (its cache is forgotten first); each answer is the one an empty cache gives.
+#[test]
+fn the_engine_reuses_an_owners_cached_prefix_and_never_anothers() {
+    let pipe = pipeline("tiny-llama", None);
+    let first = pipe.encode(&Prompt::Text(PROMPTS[1].into()), true).unwrap();
+    let alone = |p: &mut augur::pipeline::Pipeline, ids: &[u32]| p.call_ids(ids, &CallOptions::new(greedy(6)), None);
+    let mut fresh = pipe.fork().unwrap();
+    let engine = Engine::new(pipe, 2, 4).unwrap();
+    let cached = CallOptions { cache_prompt: Some(true), ..CallOptions::new(greedy(6)) };
+    let ask = |ids: &[u32], owner: &str| {
+        let mut running = engine.admit(1).expect("a slot").sequences(ids, owner).unwrap();
+        assert_eq!(engine.admission().gauges(), (1, 0));
+        running.run(|_, p| p.call_ids(ids, &cached, None)).pop().unwrap().unwrap()
+    };
+    let out = ask(&first, "a");
+    assert_eq!(out.stats.cached_prompt_tokens, 0);
+    assert_eq!(engine.admission().gauges(), (0, 0), "the slot is given back with the sequence");
+    // The same owner, a prompt that begins with the first one's prompt and answer.
+    let longer: Vec<u32> = first.iter().chain(&out.tokens).copied().chain([7, 8]).collect();
+    let again = ask(&longer, "a");
+    assert!(again.stats.cached_prompt_tokens >= first.len(), "reused {} tokens", again.stats.cached_prompt_tokens);
+    assert_eq!(again.tokens, alone(&mut fresh, &longer).unwrap().tokens);
+    let other = ask(&longer, "b");
+    assert_eq!(other.stats.cached_prompt_tokens, 0, "another owner's cache is never reused");
+    assert_eq!(other.tokens, again.tokens);
+}
+
+/// Rows run by the engine at once meet in batched forwards and give each row what it gives alone; a row that
+/// panics is an error of its own while the others finish.
+#[test]
+fn the_engines_rows_batch_and_give_each_rows_tokens() {
+    let mut pipe = pipeline("tiny-llama", None);
+    let rows: Vec<Vec<u32>> = PROMPTS.iter().map(|p| pipe.encode(&Prompt::Text((*p).into()), true).unwrap()).collect();
+    let alone: Vec<Vec<u32>> =
+        rows.iter().map(|ids| pipe.call_ids(ids, &CallOptions::new(greedy(16)), None).unwrap().tokens).collect();
+    let before = pipe.target.model.batched_forwards();
+    let together = engine::run_forked(&mut pipe, rows.len(), |i, p| {
+        Ok(p.call_ids(&rows[i], &CallOptions::new(greedy(16)), None)?.tokens)
+    });
+    let together: Vec<Vec<u32>> = together.into_iter().map(Result::unwrap).collect();
+    assert_eq!(together, alone);
+    assert!(pipe.target.model.batched_forwards() > before, "the rows' forwards were never batched");
+
+    let mut counts = [1u32, 2, 3];
+    let ran = engine::run_rows(&mut counts, |i, c| if i == 1 { panic!("row 1") } else { Ok(*c * 10) });
+    assert_eq!(ran[0].as_ref().ok(), Some(&10));
+    assert!(ran[1].as_ref().is_err_and(|e| e.to_string().contains("row 1")), "{:?}", ran[1]);
+    assert_eq!(ran[2].as_ref().ok(), Some(&30));
 }
