@@ -21,6 +21,7 @@ use augur::generation::config::{GenerationConfig, GenerationOptions};
 use augur::generation::logits::LogitsProcessor;
 use augur::generation::output::{Emitter, GenerationOutput, GenerationStats};
 use augur::generation::sampler::{softmax, Sampler};
+use augur::kernels::logits::Logits;
 use augur::models::mtp::MtpHead;
 use augur::models::{CausalLm, ForwardOptions, LogitRows};
 use augur::pipeline::{Assistant, LoadedLm};
@@ -230,7 +231,7 @@ impl Drafter for RawQ<'_> {
             let out = self.raw.forward(&feed, &ForwardOptions::logits(LogitRows::Last(d.tokens.len())))?;
             for (qi, mut row) in q.iter_mut().zip(out.logits.unwrap().to_vec2::<f32>()?) {
                 row.resize(self.vocab, f32::NEG_INFINITY);
-                *qi = softmax(&row);
+                qi.copy_from_slice(&softmax(&row));
             }
         }
         Ok(d)
@@ -303,7 +304,9 @@ impl Drafter for UnnormalisedQ<'_> {
             for (i, qi) in q.iter_mut().enumerate() {
                 let ctx = [context, &d.tokens[..i]].concat();
                 let full = exact::next_distribution(self.full, &self.cfg, self.prompt_len, &ctx, None, self.vocab);
-                *qi = full.iter().zip(inside.iter()).map(|(&p, &k)| if k { p } else { 0.0 }).collect();
+                for ((x, &p), &k) in qi.iter_mut().zip(&full).zip(inside.iter()) {
+                    *x = if k { p } else { 0.0 };
+                }
             }
         }
         Ok(d)
@@ -681,7 +684,7 @@ enum Broken {
 }
 
 impl Verifier for Broken {
-    fn process(&self, processor: &LogitsProcessor, context: &[u32], drafts: &[u32], rows: &mut [Vec<f32>]) {
+    fn process(&self, processor: &LogitsProcessor, context: &[u32], drafts: &[u32], rows: &mut Logits) {
         if *self != Broken::ContextBeforeBlock {
             return verify::Exact.process(processor, context, drafts, rows);
         }
@@ -698,7 +701,7 @@ impl Verifier for Broken {
         let one_hot = |d: u32, n: usize| (0..n).map(|i| (i == d as usize) as u8 as f32).collect::<Vec<f32>>();
         for (i, &d) in drafts.iter().enumerate() {
             let p = softmax(&rows[i]);
-            let qi = q.map_or_else(|| one_hot(d, p.len()), |q| q[i].clone());
+            let qi = q.map_or_else(|| one_hot(d, p.len()), |q| q[i].to_vec());
             let (px, qx) = (p[d as usize] as f64, qi[d as usize] as f64);
             let r = sampler.uniform();
             let accept = match self {
@@ -714,7 +717,7 @@ impl Verifier for Broken {
             }
         }
         let bonus = match (self, q) {
-            (Broken::BonusFromQ, Some(q)) if !drafts.is_empty() => q[drafts.len() - 1].clone(),
+            (Broken::BonusFromQ, Some(q)) if !drafts.is_empty() => q[drafts.len() - 1].to_vec(),
             _ => softmax(&rows[drafts.len()]),
         };
         Verdict { accepted: drafts.len(), next: sampler.sample(&bonus) }
@@ -743,7 +746,7 @@ impl Verifier for BrokenTree {
             let mut rejected_first = None;
             for &c in &kids[node] {
                 let d = drafts[c] as usize;
-                let qc = q.map_or_else(|| (0..p.len()).map(|i| (i == d) as u8 as f32).collect(), |q| q[c].clone());
+                let qc = q.map_or_else(|| (0..p.len()).map(|i| (i == d) as u8 as f32).collect(), |q| q[c].to_vec());
                 let tested = if *self == BrokenTree::StaleResidual { &own } else { &p };
                 if qc[d] > 0.0 && sampler.uniform() * f64::from(qc[d]) < f64::from(tested[d]) {
                     path.push(c);

@@ -260,7 +260,7 @@ impl Drafter for Misaligned<'_, '_> {
                 moved[token as usize] = f32::MIN_POSITIVE;
                 self.zero_q += 1;
             }
-            *q = moved;
+            q.copy_from_slice(&moved);
         }
         Ok(d)
     }

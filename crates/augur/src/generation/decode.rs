@@ -7,22 +7,19 @@ use super::logits::LogitsProcessor;
 use super::output::{Emitter, GenerationStats};
 use super::sampler::{argmax, Sampler};
 use crate::error::{Error, Result};
+use crate::kernels::logits::Logits;
 use crate::models::{CausalLm, ForwardOptions, LogitRows};
 
 /// Names of the models in [`Error::NonFiniteLogits`]; the pipeline adds their files.
 pub const TARGET: &str = "the target model";
 pub const ASSISTANT: &str = "the assistant model";
 
-/// The logits of the last rows of a forward, one `Vec` per position: `first_position` is the sequence position of
-/// the first row, `model` names the model, both for the error a NaN or infinite logit gives.
-pub(crate) fn logits_rows(
-    out: &crate::models::ForwardOutput,
-    model: &str,
-    first_position: usize,
-) -> Result<Vec<Vec<f32>>> {
+/// The logit rows of a forward, one per position asked for: `first_position` is the sequence position of the
+/// first row, `model` names the model, both for the error a NaN or infinite logit gives.
+pub(crate) fn logits_rows(out: &crate::models::ForwardOutput, model: &str, first_position: usize) -> Result<Logits> {
     let rows = match &out.logits {
-        Some(l) => l.to_vec2::<f32>()?,
-        None => Vec::new(),
+        Some(l) => Logits::from_tensor(l)?,
+        None => Logits::default(),
     };
     for (i, row) in rows.iter().enumerate() {
         check_finite(row, model, first_position + i)?;
@@ -88,11 +85,11 @@ pub fn generate(
         if stats.target_forwards == 1 {
             stats.prefill_seconds = start.elapsed().as_secs_f64();
         }
-        let logits = logits_rows(&out, TARGET, model.cache_len() - 1)?.pop().unwrap_or_default();
-        let raw = emitter.wants_logprobs().then(|| logits.clone());
+        let mut rows = logits_rows(&out, TARGET, model.cache_len() - 1)?;
+        let raw = emitter.wants_logprobs().then(|| rows.clone());
         sampler.at(emitter.tokens().len());
-        let next = next_token(&processor, &mut sampler, emitter.tokens(), logits);
-        emitter.accept_scored(&[next], raw.as_ref().map(std::slice::from_ref))?;
+        let next = next_token(&processor, &mut sampler, emitter.tokens(), rows.pop().unwrap_or_default());
+        emitter.accept_scored(&[next], raw.as_ref())?;
         pending = vec![next];
     }
     stats.new_tokens = emitter.generated().len();

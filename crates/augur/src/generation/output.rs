@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::sampler::log_sum_exp;
 use super::stopping::{FinishReason, StopHit, StopStrings};
 use crate::error::Result;
+use crate::kernels::logits::Logits;
 use crate::tokenizer::{SpaceCleanUp, TextStream, Tokenizer};
 
 /// Counters and timings of one generation call.
@@ -310,7 +311,7 @@ impl<'t, 's> Emitter<'t, 's> {
 
     /// [`Emitter::accept`], recording the kept tokens' log-probabilities when they are asked for: `rows[i]`
     /// holds the raw target logits `[vocab]` that `block[i]` was chosen from.
-    pub fn accept_scored(&mut self, block: &[u32], rows: Option<&[Vec<f32>]>) -> Result<usize> {
+    pub fn accept_scored(&mut self, block: &[u32], rows: Option<&Logits>) -> Result<usize> {
         let mut kept = 0;
         for &t in block {
             if self.finish.is_some() {

@@ -92,16 +92,16 @@ impl KvCache {
         self.len += t;
     }
 
-    /// Key `pos` of `head`, `[head_dim]`.
+    /// Key `pos` of `head`, `[head_dim]`. Only attention reads the stored rows (the device seam).
     #[inline]
-    pub fn key(&self, head: usize, pos: usize) -> &[f32] {
+    pub(super) fn key(&self, head: usize, pos: usize) -> &[f32] {
         let o = (head * self.capacity + pos) * self.head_dim;
         &self.k[o..o + self.head_dim]
     }
 
     /// Value `pos` of `head`, `[head_dim]`.
     #[inline]
-    pub fn value(&self, head: usize, pos: usize) -> &[f32] {
+    pub(super) fn value(&self, head: usize, pos: usize) -> &[f32] {
         let o = (head * self.capacity + pos) * self.head_dim;
         &self.v[o..o + self.head_dim]
     }
@@ -109,14 +109,14 @@ impl KvCache {
     /// Keys `positions` of `head`, `[positions.len(), head_dim]`: one slice for a kernel that reads them
     /// through a pointer.
     #[inline]
-    pub(crate) fn key_rows(&self, head: usize, positions: std::ops::Range<usize>) -> &[f32] {
+    pub(super) fn key_rows(&self, head: usize, positions: std::ops::Range<usize>) -> &[f32] {
         let o = head * self.capacity;
         &self.k[(o + positions.start) * self.head_dim..(o + positions.end) * self.head_dim]
     }
 
     /// Values `positions` of `head`, as [`Self::key_rows`].
     #[inline]
-    pub(crate) fn value_rows(&self, head: usize, positions: std::ops::Range<usize>) -> &[f32] {
+    pub(super) fn value_rows(&self, head: usize, positions: std::ops::Range<usize>) -> &[f32] {
         let o = head * self.capacity;
         &self.v[(o + positions.start) * self.head_dim..(o + positions.end) * self.head_dim]
     }

@@ -1,8 +1,9 @@
 //! Every unsafe block, target-feature gate and raw pointer of the crate lives here, under safe functions: CPU
 //! features detected once ([`cpu`]), attention over a KV cache (the cache itself in [`kv_cache`], a tree block's
-//! shape in [`tree`]), the quantized products (one file per block family; the AMX tile products of 16 rows or
-//! more in `amx`), the dense products in a checkpoint's own float type ([`dense`]), SiLU, the thread pool's
-//! shared output buffers, and the memory map of safetensors files.
+//! shape in [`tree`], and with the logit rows of [`logits`] the device seam: docs/ARCHITECTURE.md), the quantized
+//! products (one file per block family; the AMX tile products of 16 rows or more in `amx`), the dense products in a
+//! checkpoint's own float type ([`dense`]), SiLU, the thread pool's shared output buffers, and the memory map of
+//! safetensors files.
 //!
 //! These are written by hand, the engine's own core, for three reasons. Candle 0.11's quantized dot products are
 //! scalar on x86 for Q4_1 and Q5_0, and its K-type ones pay for verification's extra rows almost in full. Its
@@ -23,6 +24,7 @@ pub mod bandwidth;
 pub mod cpu;
 pub mod dense;
 pub mod kv_cache;
+pub mod logits;
 pub mod mmap;
 pub mod parallel;
 pub mod quant;

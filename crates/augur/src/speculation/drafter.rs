@@ -6,16 +6,17 @@ use candle_core::Tensor;
 use crate::error::Result;
 pub use crate::generation::config::TreeShape;
 use crate::generation::output::GenerationStats;
+use crate::kernels::logits::Logits;
 use crate::models::CausalLm;
 
 /// Candidate tokens for one round.
 #[derive(Debug, Clone, Default)]
 pub struct Draft {
     pub tokens: Vec<u32>,
-    /// `q[i]`: the exact distribution (probabilities, `[vocab]`) `tokens[i]` was sampled from (greedy: the
+    /// `q[i]`: the exact distribution (probabilities, `[tokens, vocab]` in all) `tokens[i]` was sampled from (greedy: the
     /// distribution it is the argmax of, kept for ensemble verification). `None` means a deterministic proposal,
     /// i.e. a one-hot `q`.
-    pub q: Option<Vec<Vec<f32>>>,
+    pub q: Option<Logits>,
     /// A tree draft: `parents[i]` is the node `tokens[i]` continues (0: the context's last token, `j + 1`:
     /// `tokens[j]`, `j < i`), siblings in the order the verifier tries them; siblings drawn from a distribution
     /// were drawn independently from the same `q`. `None`: a chain, each token continuing the one before.
@@ -67,13 +68,13 @@ impl Draft {
         let parent = |i: usize| parents.as_ref().map_or(i, |p| p[i]);
         let mut new_index = vec![None; self.tokens.len() + 1];
         new_index[0] = Some(0);
-        let (mut tokens, mut q, mut new_parents) = (Vec::new(), self.q.as_ref().map(|_| Vec::new()), Vec::new());
+        let (mut tokens, mut q, mut new_parents) = (Vec::new(), self.q.as_ref().map(|_| Logits::default()), Vec::new());
         for (i, &t) in self.tokens.iter().enumerate() {
             if let (Some(p), true) = (new_index[parent(i)], keep(i, depths[i])) {
                 new_parents.push(p);
                 tokens.push(t);
                 if let (Some(q), Some(all)) = (q.as_mut(), self.q.as_ref()) {
-                    q.push(all[i].clone());
+                    q.push(&all[i]);
                 }
                 new_index[i + 1] = Some(tokens.len());
             }

@@ -126,7 +126,7 @@ pub fn generate_with(
         let block = Block {
             drafts,
             rows: &rows,
-            q: draft.q.as_ref().map(|q| &q[..gamma]),
+            q: draft.q.as_ref(),
             ensemble_weight: cfg.assistant_ensemble_weight,
             do_sample: processor.do_sample(),
         };
@@ -144,7 +144,7 @@ pub fn generate_with(
 
         let mut block = drafts[..accepted].to_vec();
         block.push(next);
-        let kept = emitter.accept_scored(&block, raw.as_deref())?;
+        let kept = emitter.accept_scored(&block, raw.as_ref())?;
         stats.drafted += gamma;
         // A draft cut by EOS, the budget or a stop string was not used, whatever the verdict.
         let n = kept - 1;
@@ -206,7 +206,7 @@ fn tree_round(
     let mut logits = logits_rows(&out, TARGET, len - 1)?;
     let raw = emitter.wants_logprobs().then(|| logits.clone());
     verifier.process_tree(processor, emitter.tokens(), drafts, parents, &mut logits);
-    let block = TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_deref(), do_sample: processor.do_sample() };
+    let block = TreeBlock { drafts, parents, rows: &logits, q: draft.q.as_ref(), do_sample: processor.do_sample() };
     let TreeVerdict { path, next } = if sampler.is_by_position() && block.do_sample {
         verify::matching_tree_draws(&block, len, sampler)
     } else {
@@ -217,9 +217,8 @@ fn tree_round(
     let mut tokens: Vec<u32> = path.iter().map(|&i| drafts[i]).collect();
     tokens.push(next);
     // Each emitted token's row: the root's for the first, then the row of the node it follows.
-    let scored = raw
-        .map(|raw| std::iter::once(0).chain(path.iter().map(|&i| i + 1)).map(|r| raw[r].clone()).collect::<Vec<_>>());
-    let kept = emitter.accept_scored(&tokens, scored.as_deref())?;
+    let scored = raw.map(|raw| raw.select(std::iter::once(0).chain(path.iter().map(|&i| i + 1))));
+    let kept = emitter.accept_scored(&tokens, scored.as_ref())?;
     stats.drafted += n;
     stats.accepted += kept - 1;
     stats.rounds.push((n, kept - 1));

@@ -5,15 +5,16 @@
 
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
+use crate::kernels::logits::Logits;
 
 /// One verification forward's rows, as the loop hands them to a [`Verifier`].
 pub struct Block<'a> {
     /// The drafts, `[γ]`.
     pub drafts: &'a [u32],
-    /// The target's processed logits, `[γ + 1][vocab]`: one row per draft plus the bonus row.
-    pub rows: &'a [Vec<f32>],
+    /// The target's processed logits, `[γ + 1, vocab]`: one row per draft plus the bonus row.
+    pub rows: &'a Logits,
     /// `q[i]`: the distribution draft `i` was drawn from (`None`: a deterministic drafter, one-hot `q`).
-    pub q: Option<&'a [Vec<f32>]>,
+    pub q: Option<&'a Logits>,
     /// `assistant_ensemble_weight`, `None` for lossless verification.
     pub ensemble_weight: Option<f32>,
     pub do_sample: bool,
@@ -26,11 +27,11 @@ pub struct TreeBlock<'a> {
     pub drafts: &'a [u32],
     /// `[n]`, as above.
     pub parents: &'a [usize],
-    /// The target's processed logits, `[n + 1][vocab]`: the root's row, then one per draft.
-    pub rows: &'a [Vec<f32>],
+    /// The target's processed logits, `[n + 1, vocab]`: the root's row, then one per draft.
+    pub rows: &'a Logits,
     /// `q[i]`: the distribution draft `i` was drawn from; siblings were drawn independently from the same one.
     /// `None`: deterministic drafts (one-hot `q`), distinct among siblings.
-    pub q: Option<&'a [Vec<f32>]>,
+    pub q: Option<&'a Logits>,
     pub do_sample: bool,
 }
 
@@ -44,9 +45,9 @@ pub struct TreeVerdict {
 /// How the loop turns a verification forward into a verdict. The engine uses [`Exact`] alone; the trait is the
 /// seam through which tests swap in deliberately broken verifiers and show that the suite catches each.
 pub trait Verifier {
-    /// Applies the target's processors to `rows` (`[γ + 1][vocab]`), row `i` with `context` followed by the
+    /// Applies the target's processors to `rows` (`[γ + 1, vocab]`), row `i` with `context` followed by the
     /// first `i` drafts as its context (Transformers' `_assisted_decoding`, spec 3.2).
-    fn process(&self, processor: &LogitsProcessor, context: &[u32], drafts: &[u32], rows: &mut [Vec<f32>]) {
+    fn process(&self, processor: &LogitsProcessor, context: &[u32], drafts: &[u32], rows: &mut Logits) {
         let len = context.len();
         if processor.is_noop(len) && processor.is_noop(len + drafts.len()) {
             return;
@@ -78,7 +79,7 @@ pub trait Verifier {
         context: &[u32],
         drafts: &[u32],
         parents: &[usize],
-        rows: &mut [Vec<f32>],
+        rows: &mut Logits,
     ) {
         let len = context.len();
         let paths: Vec<Vec<usize>> = (0..rows.len()).map(|node| path_to(parents, node)).collect();
@@ -147,7 +148,7 @@ pub fn children(parents: &[usize]) -> Vec<Vec<usize>> {
 
 /// Greedy over a tree: from the root, follow the child that is the target's argmax at its parent while there
 /// is one; the argmax where there is none is the target's token. A chain gives [`accept_prefix`]'s verdict.
-pub fn accept_tree_path(drafts: &[u32], parents: &[usize], rows: &[Vec<f32>]) -> TreeVerdict {
+pub fn accept_tree_path(drafts: &[u32], parents: &[usize], rows: &Logits) -> TreeVerdict {
     let kids = children(parents);
     let (mut node, mut path) = (0, Vec::new());
     loop {
@@ -205,7 +206,7 @@ pub struct Verdict {
 
 /// Greedy: keep drafts while they equal the argmax of the processed target logits. `logits` has one row per
 /// draft plus the bonus row.
-pub fn accept_prefix(drafts: &[u32], logits: &[Vec<f32>]) -> Verdict {
+pub fn accept_prefix(drafts: &[u32], logits: &Logits) -> Verdict {
     for (i, &d) in drafts.iter().enumerate() {
         let best = argmax(&logits[i]);
         if best != d {
@@ -219,7 +220,7 @@ pub fn accept_prefix(drafts: &[u32], logits: &[Vec<f32>]) -> Verdict {
 /// while it equals the argmax of `ν_i = w·p_i + (1−w)·q_i`, the mixture of the target's and the drafter's
 /// processed distributions, and the correction is that argmax; the bonus row uses the target alone. Lossy by
 /// design. `q[i]` is the drafter's distribution at draft `i`.
-pub fn accept_ensemble(drafts: &[u32], logits: &[Vec<f32>], q: &[Vec<f32>], w: f32) -> Verdict {
+pub fn accept_ensemble(drafts: &[u32], logits: &Logits, q: &Logits, w: f32) -> Verdict {
     // Transformers multiplies float32 tensors by the Python floats `w` and `1 − w`.
     let (a, b) = (w, (1.0 - f64::from(w)) as f32);
     for (i, &d) in drafts.iter().enumerate() {
@@ -245,8 +246,8 @@ pub fn accept_ensemble(drafts: &[u32], logits: &[Vec<f32>], q: &[Vec<f32>], w: f
 /// not `p`: lossy by design.
 pub fn speculative_sampling(
     drafts: &[u32],
-    logits: &[Vec<f32>],
-    q: Option<&[Vec<f32>]>,
+    logits: &Logits,
+    q: Option<&Logits>,
     ensemble_weight: Option<f32>,
     sampler: &mut Sampler,
 ) -> Verdict {
@@ -319,7 +320,7 @@ mod tests {
 
     #[test]
     fn greedy_keeps_the_matching_prefix_and_corrects() {
-        let rows = vec![ln(&[0.1, 0.9]), ln(&[0.8, 0.2]), ln(&[0.3, 0.7])];
+        let rows = Logits::from_rows(vec![ln(&[0.1, 0.9]), ln(&[0.8, 0.2]), ln(&[0.3, 0.7])]);
         assert_eq!(accept_prefix(&[1, 1], &rows), Verdict { accepted: 1, next: 0 });
         assert_eq!(accept_prefix(&[1, 0], &rows), Verdict { accepted: 2, next: 1 });
         assert_eq!(accept_prefix(&[0, 0], &rows), Verdict { accepted: 0, next: 1 });
@@ -330,14 +331,14 @@ mod tests {
     fn first_token_distribution(p: &[f32], q: Option<&[f32]>, draws: usize) -> Vec<f64> {
         let mut s = Sampler::new(Some(7));
         let mut counts = vec![0usize; p.len()];
-        let rows = vec![ln(p), ln(p)];
+        let rows = Logits::from_rows(vec![ln(p), ln(p)]);
         for _ in 0..draws {
             let d = match q {
                 Some(q) => s.sample(q),
                 None => 0,
             };
-            let qs = q.map(|q| vec![q.to_vec()]);
-            let v = speculative_sampling(&[d], &rows, qs.as_deref(), None, &mut s);
+            let qs = q.map(|q| Logits::from_rows([q]));
+            let v = speculative_sampling(&[d], &rows, qs.as_ref(), None, &mut s);
             let first = if v.accepted == 1 { d } else { v.next };
             counts[first as usize] += 1;
         }
@@ -347,8 +348,8 @@ mod tests {
     #[test]
     fn greedy_ensemble_compares_with_the_mixture_and_corrects_with_it() {
         // Target prefers 1 at the first position, the draft prefers 0: the mixture decides.
-        let rows = vec![ln(&[0.4, 0.6]), ln(&[0.3, 0.7])];
-        let q = vec![vec![0.9, 0.1]];
+        let rows = Logits::from_rows(vec![ln(&[0.4, 0.6]), ln(&[0.3, 0.7])]);
+        let q = Logits::from_rows(vec![vec![0.9, 0.1]]);
         // ν = 0.5·[0.4, 0.6] + 0.5·[0.9, 0.1] = [0.65, 0.35]: draft 0 is kept, the bonus is the target's argmax.
         assert_eq!(accept_ensemble(&[0], &rows, &q, 0.5), Verdict { accepted: 1, next: 1 });
         assert_eq!(accept_ensemble(&[1], &rows, &q, 0.5), Verdict { accepted: 0, next: 0 });
@@ -365,12 +366,12 @@ mod tests {
         let q = [0.1f32, 0.1, 0.8];
         for w in [0.25f32, 0.5, 0.9] {
             let mut s = Sampler::new(Some(11));
-            let rows = vec![ln(&p), ln(&p)];
+            let rows = Logits::from_rows(vec![ln(&p), ln(&p)]);
             let mut counts = [0usize; 3];
             let draws = 40_000;
             for _ in 0..draws {
                 let d = s.sample(&q);
-                let v = speculative_sampling(&[d], &rows, Some(&[q.to_vec()]), Some(w), &mut s);
+                let v = speculative_sampling(&[d], &rows, Some(&Logits::from_rows([q])), Some(w), &mut s);
                 counts[if v.accepted == 1 { d } else { v.next } as usize] += 1;
             }
             for i in 0..3 {
@@ -385,8 +386,8 @@ mod tests {
     /// same verdicts.
     #[test]
     fn ensemble_weight_one_is_the_lossless_test() {
-        let rows = vec![ln(&[0.5, 0.3, 0.2]), ln(&[0.2, 0.2, 0.6]), ln(&[0.1, 0.6, 0.3])];
-        let q = vec![vec![0.2, 0.3, 0.5], vec![0.7, 0.2, 0.1]];
+        let rows = Logits::from_rows(vec![ln(&[0.5, 0.3, 0.2]), ln(&[0.2, 0.2, 0.6]), ln(&[0.1, 0.6, 0.3])]);
+        let q = Logits::from_rows(vec![vec![0.2, 0.3, 0.5], vec![0.7, 0.2, 0.1]]);
         let (mut a, mut b) = (Sampler::new(Some(3)), Sampler::new(Some(3)));
         for i in 0..5000u32 {
             let drafts = [i % 3, (i / 3) % 3];
@@ -415,8 +416,8 @@ mod tests {
         use rand::{Rng, SeedableRng};
         const SEED: u64 = 8_215_248;
         assert_eq!(rand::rngs::StdRng::seed_from_u64(SEED).random::<f32>(), 0.0);
-        let rows = vec![vec![0.0, f32::NEG_INFINITY], vec![0.0, 0.0]];
-        let q = vec![vec![0.5, 0.5]];
+        let rows = Logits::from_rows(vec![vec![0.0, f32::NEG_INFINITY], vec![0.0, 0.0]]);
+        let q = Logits::from_rows(vec![vec![0.5, 0.5]]);
         let v = speculative_sampling(&[1], &rows, Some(&q), None, &mut Sampler::new(Some(SEED)));
         assert_eq!(v, Verdict { accepted: 0, next: 0 });
         let v = speculative_sampling(&[1], &rows, None, None, &mut Sampler::new(Some(SEED)));
@@ -432,8 +433,8 @@ mod tests {
         let all_on_d = vec![0.0f32, 1.0, 0.0];
         assert_eq!(residual_after_rejection(all_on_d.clone(), None, 1), all_on_d, "one-hot q on p's whole mass");
         // q above p everywhere p has mass: rounding-level rejections still draw inside p's support.
-        let rows = vec![ln(&p), ln(&p)];
-        let q = vec![p.clone()];
+        let rows = Logits::from_rows(vec![ln(&p), ln(&p)]);
+        let q = Logits::from_rows(vec![p.clone()]);
         let mut s = Sampler::new(Some(3));
         for _ in 0..2_000 {
             let v = speculative_sampling(&[0], &rows, Some(&q), None, &mut s);
@@ -458,7 +459,7 @@ mod tests {
             let mut keyed = Sampler::by_position(Some(case as u64));
             for _ in 0..500 {
                 let gamma = rng.random_range(1..5);
-                let rows: Vec<Vec<f32>> = (0..=gamma)
+                let rows: Logits = (0..=gamma)
                     .map(|_| {
                         let mut row: Vec<f32> = (0..vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
                         processor.process(&[0], &mut row);
@@ -466,11 +467,11 @@ mod tests {
                     })
                     .collect();
                 let inside = |i: usize, t: u32| rows[i][t as usize] > f32::NEG_INFINITY;
-                let q: Vec<Vec<f32>> = (0..gamma)
+                let q: Logits = (0..gamma)
                     .map(|_| {
                         let w: Vec<f32> = (0..vocab).map(|_| rng.random::<f32>()).collect();
                         let sum: f32 = w.iter().sum();
-                        w.iter().map(|x| x / sum).collect()
+                        w.iter().map(|x| x / sum).collect::<Vec<f32>>()
                     })
                     .collect();
                 let drafts: Vec<u32> = q.iter().map(|q| sampler.sample(q)).collect();
@@ -488,7 +489,7 @@ mod tests {
                 }
                 // The drafts as siblings under the root: a one-level tree.
                 let parents = vec![0; gamma];
-                let tree_rows = vec![rows[0].clone(); gamma + 1];
+                let tree_rows = Logits::from_rows(vec![&rows[0]; gamma + 1]);
                 let block =
                     TreeBlock { drafts: &drafts, parents: &parents, rows: &tree_rows, q: None, do_sample: true };
                 let mut distinct = drafts.clone();
@@ -506,7 +507,7 @@ mod tests {
     /// whatever was drafted before it.
     #[test]
     fn matching_draws_are_plain_sampling_draw_for_draw() {
-        let rows: Vec<Vec<f32>> = (0..4).map(|i| ln(&[0.2, 0.3, 0.1 + 0.1 * i as f32, 0.4 - 0.1 * i as f32])).collect();
+        let rows: Logits = (0..4).map(|i| ln(&[0.2, 0.3, 0.1 + 0.1 * i as f32, 0.4 - 0.1 * i as f32])).collect();
         for seed in 0..50 {
             let mut plain = Sampler::by_position(Some(seed));
             let own: Vec<u32> = (0..4)

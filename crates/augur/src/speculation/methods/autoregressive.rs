@@ -9,6 +9,7 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::decode::logits_rows;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
+use crate::kernels::logits::Logits;
 use crate::models::{CausalLm, ForwardOptions, HeadSubset, LogitRows};
 use crate::nn::TreeMask;
 use crate::speculation::draft_length::DraftLength;
@@ -78,7 +79,7 @@ impl Autoregressive {
         let do_sample = self.processor.do_sample();
         let mut ctx = context.to_vec();
         let mut tokens = Vec::with_capacity(max);
-        let mut qs = Vec::new();
+        let mut qs = Logits::default();
         let mut confidences = Vec::with_capacity(max);
         for _ in 0..max {
             let out = model.forward(&feed, opts)?;
@@ -93,7 +94,7 @@ impl Autoregressive {
             tokens.push(token);
             confidences.push(confidence);
             if self.keep_q {
-                qs.push(q);
+                qs.push(&q);
             }
             ctx.push(token);
             feed = vec![token];
@@ -132,7 +133,7 @@ impl Autoregressive {
             shape.nodes = shape.nodes.min(2 * cap.max(1));
         }
         let depth = self.cap(max);
-        let mut tree = Draft { parents: Some(Vec::new()), q: self.keep_q.then(Vec::new), ..Draft::default() };
+        let mut tree = Draft { parents: Some(Vec::new()), q: self.keep_q.then(Logits::default), ..Draft::default() };
         if depth == 0 {
             return Ok(tree);
         }
@@ -160,7 +161,7 @@ impl Autoregressive {
                     parents.push(*node);
                     scores.push(score * q[t as usize]);
                     if let Some(qs) = tree.q.as_mut() {
-                        qs.push(q.clone());
+                        qs.push(q);
                     }
                 }
             }
@@ -186,7 +187,7 @@ impl Autoregressive {
                 .map(|i| {
                     let mut ctx = context.to_vec();
                     ctx.extend(crate::speculation::verify::path_to(&parents, i + 1).iter().map(|&j| tree.tokens[j]));
-                    let logits = spread(rows[i - new.start].clone(), opts.head.as_deref(), vocab);
+                    let logits = spread(rows[i - new.start].to_vec(), opts.head.as_deref(), vocab);
                     (i + 1, scores[i], self.distribution(&ctx, logits, vocab))
                 })
                 .collect();

@@ -22,6 +22,7 @@ use crate::generation::config::{GenerationConfig, GenerationOptions};
 use crate::generation::decode::{check_finite, ASSISTANT};
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
+use crate::kernels::logits::Logits;
 use crate::models::gemma4_assistant::{Gemma4Assistant, SharedKv};
 use crate::models::{self, CausalLm, LayerKind, LoadOptions, QuantizeOnLoad};
 use crate::speculation::drafter::{Draft, Drafter, TargetReads};
@@ -194,7 +195,7 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
         let mut token = context[p];
         let mut ctx = context.to_vec();
         let mut tokens = Vec::with_capacity(max);
-        let mut qs = Vec::new();
+        let mut qs = Logits::default();
         for _ in 0..max {
             let e = shared.as_ref().expect("checked above").embed_tokens(&[token])?; // [1, hb]
             let input = Tensor::cat(&[&e, &h], 1)?.unsqueeze(0)?; // [1, 1, 2·hb]
@@ -206,11 +207,11 @@ impl Drafter for Gemma4AssistantDrafter<'_> {
                 }
                 let q = softmax(&logits);
                 let t = self.sampler.sample(&q);
-                qs.push(q);
+                qs.push(&q);
                 t
             } else {
                 if self.greedy_q {
-                    qs.push(softmax(&logits));
+                    qs.push(&softmax(&logits));
                 }
                 argmax(&logits)
             };

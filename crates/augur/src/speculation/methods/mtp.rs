@@ -15,6 +15,7 @@ use crate::generation::config::GenerationConfig;
 use crate::generation::decode::check_finite;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{argmax, softmax, Sampler};
+use crate::kernels::logits::Logits;
 use crate::models::mtp::MtpHead;
 use crate::models::CausalLm;
 use crate::speculation::drafter::{Draft, Drafter, TargetReads};
@@ -149,7 +150,7 @@ impl Drafter for MtpDrafter<'_> {
         let do_sample = self.processor.do_sample();
         let mut ctx = context.to_vec();
         let mut tokens = Vec::with_capacity(layers);
-        let mut qs = Vec::new();
+        let mut qs = Logits::default();
         for k in 0..layers {
             hidden = self.head.forward_layer(k, &ids, &hidden, first + k)?;
             let last = hidden.dim(0)? - 1;
@@ -162,7 +163,7 @@ impl Drafter for MtpDrafter<'_> {
             let token = if do_sample { self.sampler.sample(&q) } else { argmax(&logits) };
             tokens.push(token);
             if self.keep_q {
-                qs.push(q);
+                qs.push(&q);
             }
             ctx.push(token);
             ids.remove(0);

@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::generation::config::GenerationConfig;
 use crate::generation::logits::LogitsProcessor;
 use crate::generation::sampler::{softmax, Sampler};
+use crate::kernels::logits::Logits;
 use crate::models::CausalLm;
 use crate::speculation::draft_length::DraftLength;
 use crate::speculation::drafter::{Draft, Drafter};
@@ -157,7 +158,7 @@ impl Drafter for UniversalSampling<'_, '_> {
         }
         let max = max.min(self.length.num_assistant_tokens);
         let mut tokens = Vec::with_capacity(max);
-        let mut qs = Vec::with_capacity(max);
+        let mut qs = Logits::default();
         let mut sequence = self.assistant_ids.clone();
         let mut target_context = context.to_vec();
         let threshold = self.length.confidence_threshold;
@@ -175,7 +176,7 @@ impl Drafter for UniversalSampling<'_, '_> {
             let Some(&a) = self.map.target_to_assistant.get(&token) else { break };
             let confidence = q[token as usize];
             tokens.push(token);
-            qs.push(q);
+            qs.push(&q);
             sequence.push(a);
             target_context.push(token);
             if self.eos.contains(&token) || (threshold > 0.0 && confidence < threshold) {
