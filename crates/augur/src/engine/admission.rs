@@ -56,7 +56,7 @@ impl Admission {
     }
 
     fn state(&self) -> MutexGuard<'_, Queue> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        super::lock(&self.state)
     }
 
     /// Waits for `n` slots at once (a request's sequences start together, and no request holds slots while it

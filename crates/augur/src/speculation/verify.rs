@@ -13,7 +13,8 @@ pub struct Block<'a> {
     pub drafts: &'a [u32],
     /// The target's processed logits, `[γ + 1, vocab]`: one row per draft plus the bonus row.
     pub rows: &'a Logits,
-    /// `q[i]`: the distribution draft `i` was drawn from (`None`: a deterministic drafter, one-hot `q`).
+    /// `q[i]`: the distribution draft `i` was drawn from (`None`: a deterministic drafter, one-hot `q`); rows
+    /// past γ (drafts cut off before verification) are never read.
     pub q: Option<&'a Logits>,
     /// `assistant_ensemble_weight`, `None` for lossless verification.
     pub ensemble_weight: Option<f32>,
