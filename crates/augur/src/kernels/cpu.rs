@@ -18,6 +18,8 @@ pub struct Features {
     /// AMX-INT8 tiles with the kernel's permission for their state, beside AVX-512 VNNI (the tile products of
     /// 16 rows or more, [`super::amx`]).
     pub amx_int8: bool,
+    /// An Intel core: the K-quant tiles prefetch further ahead, into L2 (`kquants::prefetch_eighth`).
+    pub far_prefetch: bool,
 }
 
 /// The instruction set the quantized products run on, chosen from the CPU's features: one choice for every
@@ -86,12 +88,27 @@ fn detect() -> Features {
         avx512f,
         avx512_vnni,
         amx_int8: avx512_vnni && super::amx::request(),
+        far_prefetch: intel(),
     }
+}
+
+/// Whether the CPU's vendor string (CPUID leaf 0) is "GenuineIntel".
+#[cfg(target_arch = "x86_64")]
+fn intel() -> bool {
+    let id = std::arch::x86_64::__cpuid(0);
+    [id.ebx, id.edx, id.ecx].iter().flat_map(|r| r.to_le_bytes()).eq(*b"GenuineIntel")
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Features {
-    Features { avx2_fma: false, avx2_fma_f16c: false, avx512f: false, avx512_vnni: false, amx_int8: false }
+    Features {
+        avx2_fma: false,
+        avx2_fma_f16c: false,
+        avx512f: false,
+        avx512_vnni: false,
+        amx_int8: false,
+        far_prefetch: false,
+    }
 }
 
 #[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
@@ -119,5 +136,7 @@ mod tests {
         assert_eq!(f.avx512f, has("avx512f"), "{f:?}");
         assert_eq!(f.avx512_vnni, has("avx512f") && has("avx512bw") && has("avx512_vnni") && has("f16c"), "{f:?}");
         assert!(!f.amx_int8 || has("amx_int8"), "AMX chosen on a CPU that does not list it: {f:?}");
+        let intel = cpuinfo.lines().any(|l| l.starts_with("vendor_id") && l.ends_with("GenuineIntel"));
+        assert_eq!(f.far_prefetch, intel, "the far prefetch is Intel's alone: {f:?}");
     }
 }

@@ -381,22 +381,30 @@ fn quantize_superblock_portable(src: &[f32], dst: &mut [i8]) -> (f32, [i32; 16])
     (d, std::array::from_fn(|j| dst[16 * j..16 * (j + 1)].iter().map(|&q| q as i32).sum()))
 }
 
-/// How many super-blocks ahead of the one computed the tiles prefetch: one ahead left the 1.5B's one-token
-/// forward waiting on memory on a Xeon whose core keeps few lines in flight (BENCHMARKS.md, issue 38).
-const PREFETCH_AHEAD: usize = 2;
-
-/// Prefetches the `part`-th eighth of the cache lines of `bytes` bytes at `next` (a super-block
-/// [`PREFETCH_AHEAD`] ahead, read while this one is computed, by the VNNI and the AVX2 tiles: the hardware
-/// prefetcher alone leaves a one-token product waiting on memory). Into L2 (`T2`): faster there than into L1,
-/// as measured.
+/// Prefetches the `part`-th eighth of the cache lines of a super-block ahead of the one of `bytes` bytes at
+/// `blk`, read while this one is computed, by the VNNI and the AVX2 tiles: the hardware prefetcher alone leaves a
+/// one-token product waiting on memory. Where [`Features::far_prefetch`] holds (Intel cores), two super-blocks
+/// ahead into L2 (`T2`); elsewhere the next one into L1 (`T0`): each is what measured fastest on its machines
+/// (BENCHMARKS.md, issue 38).
+///
+/// [`Features::far_prefetch`]: crate::kernels::cpu::Features::far_prefetch
 #[inline]
-fn prefetch_eighth(next: *const u8, bytes: usize, part: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T2};
+fn prefetch_eighth(blk: *const u8, bytes: usize, part: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T2};
+    let far = crate::kernels::cpu::features().far_prefetch;
+    let next = blk.wrapping_add(if far { 2 * bytes } else { bytes });
     let lines = bytes.div_ceil(64);
     for line in part * lines / 8..(part + 1) * lines / 8 {
+        let at = next.wrapping_add(64 * line) as *const i8;
         // SAFETY: SSE is part of x86-64; a prefetch never faults, whatever the address (formed with wrapping
         // arithmetic).
-        unsafe { _mm_prefetch::<_MM_HINT_T2>(next.wrapping_add(64 * line) as *const i8) };
+        unsafe {
+            if far {
+                _mm_prefetch::<_MM_HINT_T2>(at)
+            } else {
+                _mm_prefetch::<_MM_HINT_T0>(at)
+            }
+        };
     }
 }
 
@@ -404,8 +412,7 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{
-        prefetch_eighth, KKind, Q8KRows, NIBBLES, PREFETCH_AHEAD, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH,
-        Q6K_SCALES, QK_K,
+        prefetch_eighth, KKind, Q8KRows, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES, QK_K,
     };
     use crate::kernels::amx::{pipelined, Tiles, ROWS};
     use crate::kernels::quant::{GroupInts, GROUP_TILE};
@@ -715,7 +722,7 @@ mod avx512 {
             let blk = w.as_ptr().add(s * bytes);
             let mut sums = [_mm512_setzero_ps(); R];
             for j in 0..8 {
-                prefetch_eighth(blk.wrapping_add(PREFETCH_AHEAD * bytes), bytes, j);
+                prefetch_eighth(blk, bytes, j);
                 let wq = nibbles(blk, j);
                 let sc =
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(Q4K_SCALES + 16 * j) as *const _)));
@@ -752,7 +759,7 @@ mod avx512 {
             let blk = w.as_ptr().add(s * bytes);
             let mut sums = [_mm512_setzero_ps(); R];
             for chunk in 0..8 {
-                prefetch_eighth(blk.wrapping_add(PREFETCH_AHEAD * bytes), bytes, chunk);
+                prefetch_eighth(blk, bytes, chunk);
                 let wq = q6k_ints(blk, chunk);
                 let scale = |j: usize| {
                     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(blk.add(Q6K_SCALES + 16 * j) as *const _)))
@@ -790,8 +797,8 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{
-        prefetch_eighth, KKind, Q8KRows, AVX2_TILE, NIBBLES, PREFETCH_AHEAD, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D,
-        Q6K_HIGH, Q6K_SCALES, QK_K,
+        prefetch_eighth, KKind, Q8KRows, AVX2_TILE, NIBBLES, Q4K_D, Q4K_MINS, Q4K_SCALES, Q6K_D, Q6K_HIGH, Q6K_SCALES,
+        QK_K,
     };
 
     /// A `q4k_tile` or `q6k_tile` instance for `R` rows: `tile(w, act, r0, out, stride)`.
@@ -904,7 +911,7 @@ mod avx2 {
             let mut sums = [[_mm256_setzero_ps(); H]; R];
             for j in 0..8 {
                 if first == 0 {
-                    prefetch_eighth(blk.wrapping_add(PREFETCH_AHEAD * bytes), bytes, j);
+                    prefetch_eighth(blk, bytes, j);
                 }
                 let a: [*const i32; R] =
                     std::array::from_fn(|r| act.qs.as_ptr().add((r0 + r) * k + s * QK_K + 32 * j) as *const i32);
@@ -995,7 +1002,7 @@ mod avx2 {
             let mut sums = [[_mm256_setzero_ps(); H]; R];
             for chunk in 0..8 {
                 if first == 0 {
-                    prefetch_eighth(blk.wrapping_add(PREFETCH_AHEAD * bytes), bytes, chunk);
+                    prefetch_eighth(blk, bytes, chunk);
                 }
                 let a: [*const i32; R] =
                     std::array::from_fn(|r| act.qs.as_ptr().add((r0 + r) * k + s * QK_K + 32 * chunk) as *const i32);
